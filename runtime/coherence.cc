@@ -1,0 +1,244 @@
+#include "runtime/coherence.h"
+
+#include <immintrin.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/cpu_features.h"
+
+namespace cxlrt::runtime {
+namespace {
+
+// Below this a regular copy plus write-back beats streaming stores.
+constexpr size_t kNonTemporalMin = 4096;
+
+inline uintptr_t LineDown(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) & ~uintptr_t{kCacheLine - 1};
+}
+
+__attribute__((target("clwb"))) void ClwbRange(uintptr_t a, uintptr_t end) {
+  for (; a < end; a += kCacheLine) _mm_clwb(reinterpret_cast<void*>(a));
+}
+__attribute__((target("clflushopt"))) void ClflushoptRange(uintptr_t a, uintptr_t end) {
+  for (; a < end; a += kCacheLine) _mm_clflushopt(reinterpret_cast<void*>(a));
+}
+void ClflushRange(uintptr_t a, uintptr_t end) {
+  for (; a < end; a += kCacheLine) _mm_clflush(reinterpret_cast<void*>(a));
+}
+
+void FlushWith(FlushInstruction f, const void* p, size_t n) {
+  if (n == 0) return;
+  uintptr_t a = LineDown(p);
+  uintptr_t end = reinterpret_cast<uintptr_t>(p) + n;
+  switch (f) {
+    case FlushInstruction::kClwb:
+      ClwbRange(a, end);
+      break;
+    case FlushInstruction::kClflushopt:
+      ClflushoptRange(a, end);
+      break;
+    case FlushInstruction::kClflush:
+    case FlushInstruction::kNone:  // every x86-64 CPU has clflush
+      ClflushRange(a, end);
+      break;
+  }
+}
+
+// Coherent memory (one host, or CXL 3.x HDM-DB): fences order, caches do
+// the rest.
+class HardwareCoherence final : public Coherence {
+ public:
+  using Coherence::Coherence;
+  CoherenceDomain domain() const override { return CoherenceDomain::kHardware; }
+  void Write(PoolOffset dst, const void* src, size_t n) override {
+    CheckRange(dst, n);
+    std::memcpy(At(dst), src, n);
+  }
+  void Read(void* dst, PoolOffset src, size_t n) override {
+    CheckRange(src, n);
+    std::memcpy(dst, At(src), n);
+  }
+  void Flush(PoolOffset off, size_t n) override {
+    CheckRange(off, n);
+    std::atomic_thread_fence(std::memory_order_release);
+  }
+  void Invalidate(PoolOffset off, size_t n) override {
+    CheckRange(off, n);
+    std::atomic_thread_fence(std::memory_order_acquire);
+  }
+  void StoreFlag(PoolOffset flag, uint64_t value) override {
+    CheckRange(flag, 8);
+    std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(At(flag)))
+        .store(value, std::memory_order_release);
+  }
+  uint64_t LoadFlag(PoolOffset flag) override {
+    CheckRange(flag, 8);
+    return std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(At(flag)))
+        .load(std::memory_order_acquire);
+  }
+  void CopyToPool(PoolOffset dst, const void* src, size_t n) override {
+    CheckRange(dst, n);
+    if (n >= kNonTemporalMin) {
+      NonTemporalCopy(At(dst), src, n);
+    } else {
+      std::memcpy(At(dst), src, n);
+    }
+    std::atomic_thread_fence(std::memory_order_release);
+  }
+  void CopyFromPool(void* dst, PoolOffset src, size_t n) override {
+    CheckRange(src, n);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    std::memcpy(dst, At(src), n);
+  }
+};
+
+// Non-coherent CXL (2.0 multi-host, HDM-H): every publish writes lines back
+// to the device, every fetch drops the local copy first.
+class SoftwareCoherence final : public Coherence {
+ public:
+  SoftwareCoherence(uint8_t* base, uint64_t size)
+      : Coherence(base, size),
+        writeback_(GetCpuFeatures().writeback),
+        invalidate_(GetCpuFeatures().invalidate) {}
+  CoherenceDomain domain() const override { return CoherenceDomain::kSoftware; }
+  void Write(PoolOffset dst, const void* src, size_t n) override {
+    CheckRange(dst, n);
+    std::memcpy(At(dst), src, n);
+  }
+  void Read(void* dst, PoolOffset src, size_t n) override {
+    CheckRange(src, n);
+    std::memcpy(dst, At(src), n);
+  }
+  void Flush(PoolOffset off, size_t n) override {
+    CheckRange(off, n);
+    FlushWith(writeback_, At(off), n);
+    _mm_sfence();  // write-backs complete before any later store
+  }
+  void Invalidate(PoolOffset off, size_t n) override {
+    CheckRange(off, n);
+    FlushWith(invalidate_, At(off), n);
+    _mm_mfence();  // clflushopt is not ordered with later loads without it
+  }
+  void StoreFlag(PoolOffset flag, uint64_t value) override {
+    CheckRange(flag, 8);
+    _mm_sfence();  // earlier write-backs of the data before the flag
+    std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(At(flag)))
+        .store(value, std::memory_order_release);
+    FlushWith(writeback_, At(flag), 8);
+    _mm_sfence();
+  }
+  uint64_t LoadFlag(PoolOffset flag) override {
+    CheckRange(flag, 8);
+    FlushWith(invalidate_, At(flag), 8);
+    _mm_mfence();
+    return std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(At(flag)))
+        .load(std::memory_order_acquire);
+  }
+  void CopyToPool(PoolOffset dst, const void* src, size_t n) override {
+    CheckRange(dst, n);
+    if (n >= kNonTemporalMin) {
+      NonTemporalCopy(At(dst), src, n);  // ends with sfence
+    } else {
+      std::memcpy(At(dst), src, n);
+      FlushWith(writeback_, At(dst), n);
+      _mm_sfence();
+    }
+  }
+  void CopyFromPool(void* dst, PoolOffset src, size_t n) override {
+    Invalidate(src, n);
+    std::memcpy(dst, At(src), n);
+  }
+
+ private:
+  const FlushInstruction writeback_;
+  const FlushInstruction invalidate_;
+};
+
+std::mutex g_factories_mu;
+CoherenceFactory g_factories[4] = {};
+
+}  // namespace
+
+void Coherence::OutOfRange(PoolOffset off, size_t n) const {
+  std::fprintf(stderr,
+               "cxlrt: FATAL: pool access [%#llx, +%zu) outside the pool of %llu bytes "
+               "(an unvalidated offset reached the coherence layer)\n",
+               static_cast<unsigned long long>(off), n, static_cast<unsigned long long>(size_));
+  std::abort();
+}
+
+absl::Status Coherence::WaitFlag(PoolOffset flag, uint64_t expected, absl::Time deadline,
+                                 WaitWatch* watch) {
+  std::string what = absl::StrCat("flag at pool offset ", absl::Hex(flag), " to reach ", expected);
+  return WaitUntil([&] { return LoadFlag(flag) >= expected; }, deadline, what, watch);
+}
+
+void RegisterCoherenceFactory(CoherenceDomain domain, CoherenceFactory factory) {
+  std::lock_guard<std::mutex> lock(g_factories_mu);
+  g_factories[static_cast<int>(domain)] = factory;
+}
+
+absl::StatusOr<std::unique_ptr<Coherence>> MakeCoherence(CoherenceDomain domain, uint8_t* base,
+                                                         uint64_t size) {
+  switch (domain) {
+    case CoherenceDomain::kHardware:
+      return std::unique_ptr<Coherence>(new HardwareCoherence(base, size));
+    case CoherenceDomain::kSoftware:
+      return std::unique_ptr<Coherence>(new SoftwareCoherence(base, size));
+    case CoherenceDomain::kSimulated: {
+      std::lock_guard<std::mutex> lock(g_factories_mu);
+      if (CoherenceFactory f = g_factories[static_cast<int>(domain)]) return f(base, size);
+      return absl::FailedPreconditionError(
+          "coherence domain 'simulated' is not available: no simulator is linked into this "
+          "program");
+    }
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown coherence domain ", static_cast<uint32_t>(domain)));
+}
+
+void NonTemporalCopy(void* dst, const void* src, size_t n) {
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* s = static_cast<const uint8_t*>(src);
+  // Head: plain stores up to a 16 B boundary, written back.
+  size_t head = (16 - (reinterpret_cast<uintptr_t>(d) & 15)) & 15;
+  if (head > n) head = n;
+  if (head) {
+    std::memcpy(d, s, head);
+    WriteBackLines(d, head);
+    d += head;
+    s += head;
+    n -= head;
+  }
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+    __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+    __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+    __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+  }
+  for (; i + 16 <= n; i += 16) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i),
+                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+  }
+  if (i < n) {
+    std::memcpy(d + i, s + i, n - i);
+    WriteBackLines(d + i, n - i);
+  }
+  _mm_sfence();
+}
+
+void WriteBackLines(const void* p, size_t n) { FlushWith(GetCpuFeatures().writeback, p, n); }
+
+void InvalidateLines(const void* p, size_t n) { FlushWith(GetCpuFeatures().invalidate, p, n); }
+
+}  // namespace cxlrt::runtime

@@ -1,0 +1,135 @@
+// The coherence layer: every read and write of pool memory that another
+// host may see goes through a Coherence, chosen when the pool is opened.
+//
+//   domain     write side                         read side
+//   hardware   store, release fence               acquire fence, load
+//   software   store, clwb (else clflushopt), sfence   clflushopt, mfence, load
+//   simulated  (emulation/) private per-host cache; only Flush writes back,
+//              only Invalidate drops, so a missing one shows as a stale read
+//
+// Addresses are pool offsets, never pointers: the pool maps anywhere, and
+// the simulator needs to see every access. An offset range outside the pool
+// is a bug in the caller (every offset read from the pool is validated
+// before use) and aborts with a message rather than touching other memory.
+//
+// Rules the protocols above follow (DESIGN.md, docs/coherence.md):
+// - A flag is a 64-bit counter that only grows, alone in its cache line and
+//   128 B away from any other writer's line; one host writes it.
+// - Data is published (Flush) before the flag that announces it; a reader
+//   invalidates the data after it sees the flag.
+//
+// Thread-safety: hardware and software Coherence objects are stateless and
+// safe from any thread. Implementations must document their own.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "runtime/coherence_domain.h"
+#include "runtime/wait.h"
+
+namespace cxlrt::runtime {
+
+using PoolOffset = uint64_t;
+
+inline constexpr size_t kCacheLine = 64;
+// Distance between lines of different writers: adjacent-line prefetch pairs
+// 64 B lines, so 128 B keeps two writers from sharing a prefetch pair.
+inline constexpr size_t kWriterSeparation = 128;
+
+class Coherence {
+ public:
+  Coherence(uint8_t* base, uint64_t size) : base_(base), size_(size) {}
+  virtual ~Coherence() = default;
+
+  virtual CoherenceDomain domain() const = 0;
+
+  // Stores `n` bytes at `dst`. Other hosts may not see them until Flush.
+  virtual void Write(PoolOffset dst, const void* src, size_t n) = 0;
+  // Loads `n` bytes at `src`. May return this host's stale copy: Invalidate
+  // first to see other hosts' writes.
+  virtual void Read(void* dst, PoolOffset src, size_t n) = 0;
+  // Writes back this host's stores to [off, off+n) and orders them before
+  // any later store of this thread (so a flag stored after it is seen after).
+  virtual void Flush(PoolOffset off, size_t n) = 0;
+  // Drops this host's copy of [off, off+n), so the next Read sees the pool;
+  // orders it after every earlier load of this thread.
+  virtual void Invalidate(PoolOffset off, size_t n) = 0;
+
+  // Stores a flag and publishes it. REQUIRES: `flag` 8-byte aligned, one writer.
+  virtual void StoreFlag(PoolOffset flag, uint64_t value) = 0;
+  // Loads the current value of a flag, as published by its writer.
+  virtual uint64_t LoadFlag(PoolOffset flag) = 0;
+
+  // Bulk copy into the pool with non-temporal stores; the bytes are visible
+  // to every host (in the pool, not in a cache) when it returns.
+  virtual void CopyToPool(PoolOffset dst, const void* src, size_t n) = 0;
+  // Bulk copy out of the pool of what every host has published.
+  virtual void CopyFromPool(void* dst, PoolOffset src, size_t n) = 0;
+
+  // Write + Flush: after it returns, a reader that sees a later flag and
+  // then calls Fetch() on the same range sees these bytes.
+  void Publish(PoolOffset dst, const void* src, size_t n) {
+    Write(dst, src, n);
+    Flush(dst, n);
+  }
+  // Invalidate + Read: the bytes as last published by their writer.
+  void Fetch(void* dst, PoolOffset src, size_t n) {
+    Invalidate(src, n);
+    Read(dst, src, n);
+  }
+
+  template <typename T>
+  void PublishObject(PoolOffset dst, const T& value) {
+    Publish(dst, &value, sizeof(T));
+  }
+  template <typename T>
+  T FetchObject(PoolOffset src) {
+    T value;
+    Fetch(&value, src, sizeof(T));
+    return value;
+  }
+
+  // Waits until the flag at `flag` is >= `expected`. Returns OK,
+  // kDeadlineExceeded, or the watch's status (kAborted for a dead peer).
+  absl::Status WaitFlag(PoolOffset flag, uint64_t expected, absl::Time deadline,
+                        WaitWatch* watch = nullptr);
+
+  uint64_t size() const { return size_; }
+
+ protected:
+  // Aborts with a message when [off, off+n) is not inside the pool.
+  void CheckRange(PoolOffset off, size_t n) const {
+    if (off > size_ || n > size_ - off) OutOfRange(off, n);
+  }
+  uint8_t* At(PoolOffset off) const { return base_ + off; }
+
+ private:
+  [[noreturn]] void OutOfRange(PoolOffset off, size_t n) const;
+
+  uint8_t* const base_;
+  const uint64_t size_;
+};
+
+// Makes the Coherence of `domain` over the mapping [base, base+size).
+// hardware and software are built in; simulated is provided by emulation/
+// through RegisterCoherenceFactory, else kFailedPrecondition.
+absl::StatusOr<std::unique_ptr<Coherence>> MakeCoherence(CoherenceDomain domain, uint8_t* base,
+                                                         uint64_t size);
+
+using CoherenceFactory = std::unique_ptr<Coherence> (*)(uint8_t* base, uint64_t size);
+void RegisterCoherenceFactory(CoherenceDomain domain, CoherenceFactory factory);
+
+// Non-temporal copy of `n` bytes (any alignment) followed by sfence: the
+// bytes bypass the caches. Used by CopyToPool and by benchmarks.
+void NonTemporalCopy(void* dst, const void* src, size_t n);
+
+// Writes back (clwb, else clflushopt, else clflush) the lines of [p, p+n).
+// No fence. Exposed for tests and the software domain.
+void WriteBackLines(const void* p, size_t n);
+// Invalidates (clflushopt, else clflush) the lines of [p, p+n). No fence.
+void InvalidateLines(const void* p, size_t n);
+
+}  // namespace cxlrt::runtime

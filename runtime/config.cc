@@ -1,0 +1,107 @@
+#include "runtime/config.h"
+
+#include <cstdlib>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace cxlrt::runtime {
+namespace {
+
+constexpr ConfigVar kTable[] = {
+    {"CXLRT_POOL", "emu://cxlrt?size=1G", "Pool URI used by `cxlrt` commands when none is given."},
+    {"CXLRT_HOST_ID", "-1",
+     "Host slot to attach as (0 to hosts-1); -1 takes the first free slot. "
+     "Required to be distinct per machine when several machines share a dax pool."},
+    {"CXLRT_LEASE_MS", "2000",
+     "Lease of this host: others declare it dead when its heartbeat stops for this long."},
+    {"CXLRT_HEARTBEAT_MS", "100", "Period of this host's heartbeat (must be < lease / 2)."},
+    {"CXLRT_LOCK_TIMEOUT_MS", "10000", "Deadline for taking the pool's metadata (bakery) lock."},
+    {"CXLRT_WAIT_SPINS", "2000", "Spin iterations of a wait before it yields and then sleeps."},
+    {"CXLRT_SHM_DIR", "/dev/shm", "Directory of emulated pool files when the URI has no dir=."},
+    {"CXLRT_LOG_LEVEL", "warning", "error, warning, info or debug."},
+};
+
+absl::Status ParseUint(const char* name, const char* value, uint32_t lo, uint32_t hi,
+                       uint32_t* out) {
+  uint32_t v = 0;
+  if (!absl::SimpleAtoi(value, &v) || v < lo || v > hi) {
+    return absl::InvalidArgumentError(absl::StrCat(name, "='", value,
+                                                   "' is not an integer in [", lo, ", ", hi, "]"));
+  }
+  *out = v;
+  return absl::OkStatus();
+}
+
+struct Loaded {
+  Config config;
+  absl::Status status;
+};
+
+const Loaded& Load() {
+  static const Loaded* loaded = [] {
+    auto* l = new Loaded;
+    auto parsed = ParseConfig([](const char* n) { return std::getenv(n); });
+    if (parsed.ok()) {
+      l->config = *parsed;
+    } else {
+      l->status = parsed.status();
+    }
+    return l;
+  }();
+  return *loaded;
+}
+
+}  // namespace
+
+std::span<const ConfigVar> ConfigTable() { return kTable; }
+
+absl::StatusOr<Config> ParseConfig(const std::function<const char*(const char*)>& getenv) {
+  Config c;
+  if (const char* v = getenv("CXLRT_POOL"); v && *v) c.pool = v;
+  if (const char* v = getenv("CXLRT_HOST_ID"); v && *v) {
+    int id = 0;
+    if (!absl::SimpleAtoi(v, &id) || id < -1 || id > 4095) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CXLRT_HOST_ID='", v, "' is not -1 or a host slot in [0, 4095]"));
+    }
+    c.host_id = id;
+  }
+  if (const char* v = getenv("CXLRT_LEASE_MS"); v && *v) {
+    if (auto s = ParseUint("CXLRT_LEASE_MS", v, 10, 3600000, &c.lease_ms); !s.ok()) return s;
+  }
+  if (const char* v = getenv("CXLRT_HEARTBEAT_MS"); v && *v) {
+    if (auto s = ParseUint("CXLRT_HEARTBEAT_MS", v, 1, 600000, &c.heartbeat_ms); !s.ok()) {
+      return s;
+    }
+  }
+  if (c.heartbeat_ms * 2 > c.lease_ms) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CXLRT_HEARTBEAT_MS=", c.heartbeat_ms, " must be below half of CXLRT_LEASE_MS=",
+                     c.lease_ms, ", or live hosts would be declared dead"));
+  }
+  if (const char* v = getenv("CXLRT_LOCK_TIMEOUT_MS"); v && *v) {
+    if (auto s = ParseUint("CXLRT_LOCK_TIMEOUT_MS", v, 1, 3600000, &c.lock_timeout_ms); !s.ok()) {
+      return s;
+    }
+  }
+  if (const char* v = getenv("CXLRT_WAIT_SPINS"); v && *v) {
+    if (auto s = ParseUint("CXLRT_WAIT_SPINS", v, 0, 100000000, &c.wait_spins); !s.ok()) return s;
+  }
+  if (const char* v = getenv("CXLRT_SHM_DIR"); v && *v) c.shm_dir = v;
+  if (const char* v = getenv("CXLRT_LOG_LEVEL"); v && *v) {
+    std::string s = v;
+    if (s != "error" && s != "warning" && s != "info" && s != "debug") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CXLRT_LOG_LEVEL='", s, "' is not one of error, warning, info, debug"));
+    }
+    c.log_level = s;
+  }
+  return c;
+}
+
+const Config& GetConfig() { return Load().config; }
+
+absl::Status ConfigStatus() { return Load().status; }
+
+}  // namespace cxlrt::runtime

@@ -1,0 +1,68 @@
+// The one wait primitive of every layer: spin, then yield, then sleep with
+// backoff, always against a deadline (a futex cannot cross hosts, and a
+// wait that may never end is a hang). Between sleeps it asks an optional
+// WaitWatch whether to give up, which is how a dead or fenced peer ends a
+// wait early with kAborted instead of at the deadline.
+// Thread-safe: a Waiter belongs to one thread; WaitWatch implementations
+// must be callable from any thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace cxlrt::runtime {
+
+// Asked about once a millisecond while a wait sleeps; a non-OK status
+// (kAborted naming the peer, say) ends the wait with that status.
+class WaitWatch {
+ public:
+  virtual ~WaitWatch() = default;
+  virtual absl::Status Check() = 0;
+};
+
+// One wait in progress. Typical use:
+//   Waiter w(deadline, "host 2's ticket");
+//   while (!Ready()) CXLRT_RETURN_IF_ERROR(w.Pause());
+class Waiter {
+ public:
+  // `what` names the awaited thing in the timeout message; it must outlive
+  // the Waiter. `watch` may be null.
+  Waiter(absl::Time deadline, absl::string_view what, WaitWatch* watch = nullptr);
+
+  // Waits a little (longer each call). Returns OK to try again, or
+  // kDeadlineExceeded / the watch's status to give up.
+  absl::Status Pause();
+
+  // Calls made so far.
+  uint64_t pauses() const { return pauses_; }
+
+ private:
+  absl::Time start_;
+  absl::Time deadline_;
+  absl::string_view what_;
+  WaitWatch* watch_;
+  uint64_t pauses_ = 0;
+  uint32_t spins_;
+  absl::Duration sleep_;
+  absl::Time next_watch_;
+};
+
+// Waits until `ready()` is true. Returns OK, kDeadlineExceeded, or the
+// status of `watch`.
+template <typename Ready>
+absl::Status WaitUntil(Ready&& ready, absl::Time deadline, absl::string_view what,
+                       WaitWatch* watch = nullptr) {
+  if (ready()) return absl::OkStatus();
+  Waiter w(deadline, what, watch);
+  while (!ready()) {
+    absl::Status s = w.Pause();
+    if (!s.ok()) return ready() ? absl::OkStatus() : s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace cxlrt::runtime

@@ -1,0 +1,96 @@
+// cxlrt: the command line of the runtime. `cxlrt --help` lists commands.
+#include <cstdio>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "runtime/config.h"
+#include "runtime/log.h"
+#include "tools/commands.h"
+
+namespace {
+
+int Usage(const CLI::App& app, const CLI::ParseError& e) {
+  std::fprintf(stderr, "cxlrt: %s\n\n%s", e.what(), app.help().c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace cxlrt;
+  CLI::App app{"cxlrt: communication through a CXL shared memory pool"};
+  app.require_subcommand(1);
+  bool verbose = false;
+  app.add_flag("-v,--verbose", verbose, "Log what the runtime does (info level)");
+
+  const std::string default_pool = runtime::GetConfig().pool;
+  std::string uri = default_pool;
+  bool json = false, force = false;
+  int slot = -1;
+  double seconds = 3;
+  int interval_ms = 500;
+
+  CLI::App* pool = app.add_subcommand("pool", "Create, inspect, check and destroy pools");
+  pool->require_subcommand(1);
+  auto uri_help = "Pool URI (default $CXLRT_POOL, now " + default_pool + ")";
+  CLI::App* create = pool->add_subcommand("create", "Create a pool");
+  create->add_option("uri", uri, uri_help);
+  CLI::App* info = pool->add_subcommand("info", "Show a pool's format, hosts and regions");
+  info->add_option("uri", uri, uri_help);
+  info->add_flag("--json", json, "Machine-readable output");
+  CLI::App* check = pool->add_subcommand(
+      "check", "Audit a pool's header and tables; exit 0 when healthy, 1 with the problems");
+  check->add_option("uri", uri, uri_help);
+  check->add_flag("--json", json, "Machine-readable output");
+  CLI::App* destroy = pool->add_subcommand("destroy", "Remove a pool");
+  destroy->add_option("uri", uri, uri_help);
+  destroy->add_flag("--force", force, "Destroy even while hosts are attached");
+  CLI::App* attach = pool->add_subcommand(
+      "attach", "Attach as a host for a while and print the other hosts as they are seen");
+  attach->add_option("uri", uri, uri_help);
+  attach->add_option("--slot", slot, "Host slot to take (default: $CXLRT_HOST_ID or first free)")
+      ->check(CLI::Range(-1, 4095));
+  attach->add_option("--seconds", seconds, "How long to stay attached")->check(CLI::Range(0.0, 86400.0));
+  attach->add_option("--interval-ms", interval_ms, "Print period")->check(CLI::Range(10, 600000));
+  CLI::App* fence = pool->add_subcommand("fence", "Fence a dead host so that its writes are ignored");
+  fence->add_option("uri", uri, uri_help)->required();
+  fence->add_option("slot", slot, "Host slot to fence")->required()->check(CLI::Range(0, 4095));
+  fence->add_flag("--force", force, "Fence even when the host looks alive");
+
+  CLI::App* doctor = app.add_subcommand("doctor", "What this machine offers: NUMA, CXL, DAX, CUDA");
+  doctor->add_flag("--json", json, "Machine-readable output");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::printf("%s", app.help().c_str());
+    return 0;
+  } catch (const CLI::CallForAllHelp&) {
+    std::printf("%s", app.help("", CLI::AppFormatMode::All).c_str());
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    // Help of the innermost subcommand that was named.
+    const CLI::App* where = &app;
+    for (const CLI::App* sub = &app; sub != nullptr;) {
+      const CLI::App* next = nullptr;
+      for (const CLI::App* s : sub->get_subcommands()) next = s;
+      if (next) where = next;
+      sub = next;
+    }
+    return Usage(*where, e);
+  }
+  if (verbose) runtime::SetLogLevel(runtime::LogLevel::kInfo);
+  if (absl::Status s = runtime::ConfigStatus(); !s.ok()) {
+    std::fprintf(stderr, "cxlrt: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+
+  if (*create) return tools::PoolCreate(uri);
+  if (*info) return tools::PoolInfo(uri, json);
+  if (*check) return tools::PoolCheck(uri, json);
+  if (*destroy) return tools::PoolDestroy(uri, force);
+  if (*attach) return tools::PoolAttach(uri, slot, seconds, interval_ms);
+  if (*fence) return tools::PoolFence(uri, slot, force);
+  if (*doctor) return tools::Doctor(json);
+  return 2;
+}
