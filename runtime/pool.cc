@@ -220,11 +220,12 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(absl::string_view uri_text) {
 
   const uint32_t hosts = uri.hosts.value_or(kDefaultHostSlots);
   const Layout layout = ComputeLayout(hosts, kDefaultDirectoryEntries);
-  if (layout.heap_offset + kHeapAlignment > size) {
-    return absl::InvalidArgumentError(absl::StrCat("pool size ", FormatBytes(size),
-                                                   " leaves no heap after the tables of ", hosts,
-                                                   " hosts; use a larger size or fewer hosts"));
-  }
+  // The largest tables end below 2 MiB, so a pool of kMinPoolSize always
+  // has a heap.
+  static_assert(kHeaderRegionSize + kMaxHostSlots * sizeof(HostSlotLayout) + 4096 +
+                    kDefaultDirectoryEntries * sizeof(RegionEntryLayout) <=
+                kHeapAlignment);
+  static_assert(kMinPoolSize >= 2 * kHeapAlignment);
 
   CXLRT_ASSIGN_OR_RETURN(std::unique_ptr<MemoryBackend> backend, provider->create(uri, size));
   const uint64_t backing = backend->size();
@@ -324,7 +325,11 @@ absl::Status Pool::Destroy(absl::string_view uri_text, const DestroyOptions& opt
   CXLRT_ASSIGN_OR_RETURN(PoolUri uri, ParsePoolUri(uri_text));
   CXLRT_ASSIGN_OR_RETURN(const BackendProvider* provider, FindBackendProvider(uri.scheme));
   if (!options.force) {
-    auto pool = Open(uri.Identity());
+    PoolUri plain = uri;  // creation parameters would only be checked against the pool
+    plain.size.reset();
+    plain.coherence.reset();
+    plain.hosts.reset();
+    auto pool = Open(plain.ToString());
     if (pool.ok()) {
       // A host is alive when its heartbeat moves within two of its periods.
       std::map<uint32_t, HostRecord> attached;

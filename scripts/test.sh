@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Quick start, command 2: install, build, and run the whole test suite.
+# Exits non-zero when any test fails. CXLRT_TEST_SCALE (default 1) scales
+# the stress tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+scripts/build.sh
+export CXLRT_TEST_SCALE="${CXLRT_TEST_SCALE:-1}"
+ctest --test-dir build -j2 --output-on-failure --timeout 600

@@ -1,0 +1,156 @@
+#include "runtime/coherence.h"
+
+#include <sys/mman.h>
+
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "runtime/cpu_features.h"
+#include "runtime/pool.h"
+#include "tests/testing/test_util.h"
+
+namespace cxlrt::runtime {
+namespace {
+
+using ::cxlrt::testing::OpenUri;
+using ::cxlrt::testing::PoolUri;
+using ::cxlrt::testing::Spawn;
+using ::cxlrt::testing::TempDir;
+using ::cxlrt::testing::WaitExit;
+
+TEST(CpuFeaturesTest, PicksAFlushInstructionEveryX86CpuHas) {
+  const CpuFeatures& f = GetCpuFeatures();
+  EXPECT_TRUE(f.clflush);
+  EXPECT_NE(f.writeback, FlushInstruction::kNone);
+  EXPECT_NE(f.invalidate, FlushInstruction::kNone);
+  EXPECT_NE(f.invalidate, FlushInstruction::kClwb) << "clwb does not invalidate";
+  if (f.clwb) {
+    EXPECT_EQ(f.writeback, FlushInstruction::kClwb);
+  }
+}
+
+TEST(NonTemporalCopyTest, CopiesEveryAlignmentAndLength) {
+  std::vector<uint8_t> src(9000), dst(9100);
+  std::iota(src.begin(), src.end(), 0);
+  for (size_t dst_off : {0, 1, 7, 15, 16, 33, 63}) {
+    for (size_t n : {0, 1, 15, 16, 17, 63, 64, 65, 1000, 4096, 8191}) {
+      std::fill(dst.begin(), dst.end(), 0xEE);
+      NonTemporalCopy(dst.data() + dst_off, src.data() + 3, n);
+      ASSERT_EQ(std::memcmp(dst.data() + dst_off, src.data() + 3, n), 0) << dst_off << "+" << n;
+      EXPECT_EQ(dst[dst_off + n], 0xEE) << "wrote past the end";
+      if (dst_off > 0) {
+        EXPECT_EQ(dst[dst_off - 1], 0xEE) << "wrote before the start";
+      }
+    }
+  }
+}
+
+class CoherenceTest : public ::testing::TestWithParam<CoherenceDomain> {
+ protected:
+  void SetUp() override {
+    uri_ = PoolUri(dir_, absl::StrCat("coherence=", CoherenceDomainName(GetParam())));
+    auto pool = Pool::Create(uri_);
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    pool_ = std::move(*pool);
+    heap_ = pool_->header().heap_offset;
+  }
+  TempDir dir_;
+  std::string uri_;
+  std::unique_ptr<Pool> pool_;
+  PoolOffset heap_ = 0;
+};
+
+TEST_P(CoherenceTest, PublishedBytesAreFetchedBack) {
+  Coherence& c = pool_->coherence();
+  EXPECT_EQ(c.domain(), GetParam());
+  std::vector<uint8_t> data(5000);
+  std::iota(data.begin(), data.end(), 1);
+  c.Publish(heap_ + 3, data.data(), data.size());
+  std::vector<uint8_t> back(data.size());
+  c.Fetch(back.data(), heap_ + 3, back.size());
+  EXPECT_EQ(back, data);
+}
+
+TEST_P(CoherenceTest, BulkCopiesRoundTripAtEverySize) {
+  Coherence& c = pool_->coherence();
+  std::vector<uint8_t> data(1 << 20);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 7 + 1);
+  for (size_t n : {1, 64, 100, 4095, 4096, 65536 + 5, 1 << 20}) {
+    std::vector<uint8_t> back(n, 0);
+    c.CopyToPool(heap_ + 64 + 5, data.data(), n);
+    c.CopyFromPool(back.data(), heap_ + 64 + 5, n);
+    EXPECT_EQ(std::memcmp(back.data(), data.data(), n), 0) << n;
+  }
+}
+
+TEST_P(CoherenceTest, FlagsOnlyGrowAndWaitSeesThem) {
+  Coherence& c = pool_->coherence();
+  const PoolOffset flag = heap_ + 4096;
+  EXPECT_EQ(c.LoadFlag(flag), 0u);
+  c.StoreFlag(flag, 5);
+  EXPECT_EQ(c.LoadFlag(flag), 5u);
+  CXLRT_EXPECT_OK(c.WaitFlag(flag, 5, absl::Now() + absl::Seconds(1)));
+  CXLRT_EXPECT_OK(c.WaitFlag(flag, 3, absl::Now() + absl::Seconds(1)));
+}
+
+TEST_P(CoherenceTest, WaitingForAFlagThatNeverComesTimesOut) {
+  Coherence& c = pool_->coherence();
+  const PoolOffset flag = heap_ + 4096;
+  const absl::Time start = absl::Now();
+  CXLRT_EXPECT_ERROR(c.WaitFlag(flag, 1, start + absl::Milliseconds(50)),
+                     absl::StatusCode::kDeadlineExceeded, "to reach 1");
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+}
+
+// Producer/consumer across processes: data published before the flag is
+// seen by a consumer that waits for the flag and then fetches.
+TEST_P(CoherenceTest, DataPublishedBeforeAFlagIsSeenByAnotherProcess) {
+  const std::string uri = OpenUri(uri_);
+  const PoolOffset flag = heap_;
+  const PoolOffset data = heap_ + kWriterSeparation;
+  constexpr int kRounds = 200;
+  constexpr size_t kBytes = 1000;
+  pid_t consumer = Spawn([&] {
+    auto pool = Pool::Open(uri);
+    if (!pool.ok()) return 2;
+    Coherence& c = (*pool)->coherence();
+    std::vector<uint8_t> buf(kBytes);
+    for (int round = 1; round <= kRounds; ++round) {
+      if (!c.WaitFlag(flag, round, absl::Now() + absl::Seconds(20)).ok()) return 3;
+      c.Fetch(buf.data(), data, kBytes);
+      for (size_t i = 0; i < kBytes; ++i) {
+        if (buf[i] != static_cast<uint8_t>(round + i)) return 4;
+      }
+      c.StoreFlag(flag + kWriterSeparation * 40, round);  // ack, on the consumer's own line
+    }
+    return 0;
+  });
+  Coherence& c = pool_->coherence();
+  std::vector<uint8_t> buf(kBytes);
+  for (int round = 1; round <= kRounds; ++round) {
+    for (size_t i = 0; i < kBytes; ++i) buf[i] = static_cast<uint8_t>(round + i);
+    c.Publish(data, buf.data(), kBytes);
+    c.StoreFlag(flag, round);
+    CXLRT_ASSERT_OK(c.WaitFlag(flag + kWriterSeparation * 40, round, absl::Now() + absl::Seconds(20)));
+  }
+  EXPECT_EQ(WaitExit(consumer), 0) << "2 open, 3 timeout, 4 stale or wrong data";
+}
+
+TEST_P(CoherenceTest, AnOffsetOutsideThePoolAbortsInsteadOfTouchingOtherMemory) {
+  Coherence& c = pool_->coherence();
+  uint8_t byte = 0;
+  EXPECT_DEATH(c.Read(&byte, pool_->size(), 1), "outside the pool");
+  EXPECT_DEATH(c.Write(pool_->size() - 4, &byte, 8), "outside the pool");
+  EXPECT_DEATH(c.LoadFlag(UINT64_MAX - 3), "outside the pool");
+}
+
+INSTANTIATE_TEST_SUITE_P(Domains, CoherenceTest,
+                         ::testing::Values(CoherenceDomain::kHardware, CoherenceDomain::kSoftware),
+                         [](const auto& info) {
+                           return std::string(CoherenceDomainName(info.param));
+                         });
+
+}  // namespace
+}  // namespace cxlrt::runtime

@@ -1,0 +1,443 @@
+// Membership and the pool lock, across real processes (emulated hosts), in
+// the hardware and software coherence domains.
+#include "runtime/membership.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <random>
+#include <set>
+
+#include "gtest/gtest.h"
+#include "runtime/bakery_lock.h"
+#include "tests/testing/test_util.h"
+
+namespace cxlrt::runtime {
+namespace {
+
+using ::cxlrt::testing::OpenUri;
+using ::cxlrt::testing::PoolUri;
+using ::cxlrt::testing::Spawn;
+using ::cxlrt::testing::TempDir;
+using ::cxlrt::testing::TestScale;
+using ::cxlrt::testing::WaitExit;
+
+constexpr absl::Duration kLease = absl::Milliseconds(500);
+constexpr absl::Duration kBeat = absl::Milliseconds(25);
+
+AttachOptions Fast(std::optional<uint32_t> slot = std::nullopt) {
+  AttachOptions o;
+  o.slot = slot;
+  o.lease = kLease;
+  o.heartbeat = kBeat;
+  o.lock_timeout = absl::Seconds(20);
+  return o;
+}
+
+// A pipe a child writes one int into and the parent reads from.
+class Channel {
+ public:
+  Channel() { EXPECT_EQ(pipe(fd_), 0); }
+  ~Channel() {
+    close(fd_[0]);
+    close(fd_[1]);
+  }
+  void Send(int v) { EXPECT_EQ(write(fd_[1], &v, sizeof(v)), static_cast<ssize_t>(sizeof(v))); }
+  int Receive() {
+    int v = -1;
+    EXPECT_EQ(read(fd_[0], &v, sizeof(v)), static_cast<ssize_t>(sizeof(v)));
+    return v;
+  }
+
+ private:
+  int fd_[2];
+};
+
+class MembershipTest : public ::testing::TestWithParam<CoherenceDomain> {
+ protected:
+  std::string MakePool(const std::string& extra = "") {
+    std::string params = absl::StrCat("coherence=", CoherenceDomainName(GetParam()));
+    if (!extra.empty()) absl::StrAppend(&params, "&", extra);
+    std::string uri = PoolUri(dir_, params);
+    EXPECT_TRUE(Pool::Create(uri).ok());
+    return OpenUri(uri);
+  }
+  TempDir dir_;
+};
+
+// Waits until `m` sees `slot` in liveness `want`; returns how long it took.
+absl::StatusOr<absl::Duration> AwaitLiveness(Membership& m, uint32_t slot, Liveness want,
+                                             absl::Duration timeout) {
+  const absl::Time start = absl::Now();
+  while (absl::Now() - start < timeout) {
+    auto v = m.Host(slot);
+    if (!v.ok()) return v.status();
+    if (v->liveness == want) return absl::Now() - start;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("slot ", slot, " never became ",
+                                                  LivenessName(want)));
+}
+
+void HostsSeeEachOther(const std::string& uri, int n) {
+  Channel slots;
+  std::vector<pid_t> kids;
+  for (int k = 0; k < n; ++k) {
+    kids.push_back(Spawn([&] {
+      auto pool = Pool::Open(uri);
+      if (!pool.ok()) return 2;
+      auto m = Membership::Attach(**pool, Fast());
+      if (!m.ok()) return 3;
+      slots.Send(static_cast<int>((*m)->slot()));
+      // Wait until every other host is seen alive.
+      const absl::Time end = absl::Now() + absl::Seconds(20);
+      while (absl::Now() < end) {
+        auto hosts = (*m)->Hosts();
+        if (!hosts.ok()) return 4;
+        int alive = 0;
+        for (const auto& v : *hosts) alive += v.liveness == Liveness::kAlive;
+        if (alive == n - 1) {
+          // Stay a little so the others can see us too.
+          absl::SleepFor(absl::Milliseconds(300));
+          return (*m)->Detach().ok() ? 0 : 5;
+        }
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+      return 6;
+    }));
+  }
+  std::set<int> seen;
+  for (int k = 0; k < n; ++k) seen.insert(slots.Receive());
+  EXPECT_EQ(seen.size(), static_cast<size_t>(n)) << "two hosts got the same slot";
+  for (pid_t p : kids) EXPECT_EQ(WaitExit(p), 0) << "3 attach, 6 did not see all peers";
+  auto pool = Pool::Open(uri);
+  ASSERT_TRUE(pool.ok());
+  for (uint32_t i = 0; i < (*pool)->host_slots(); ++i) {
+    EXPECT_EQ((*pool)->ReadHost(i)->state, SlotState::kFree) << "slot " << i << " left attached";
+  }
+  CXLRT_EXPECT_OK((*pool)->Check());
+}
+
+TEST_P(MembershipTest, TwoHostsSeeEachOther) { HostsSeeEachOther(MakePool(), 2); }
+TEST_P(MembershipTest, FourHostsSeeEachOther) { HostsSeeEachOther(MakePool(), 4); }
+
+TEST_P(MembershipTest, AKilledHostIsSeenDeadWithinLeasePlusOneSecond) {
+  const std::string uri = MakePool();
+  Channel ready;
+  pid_t victim = Spawn([&] {
+    auto pool = Pool::Open(uri);
+    auto m = Membership::Attach(**pool, Fast(0));
+    ready.Send(m.ok() ? 0 : 1);
+    absl::SleepFor(absl::Seconds(60));
+    return 0;
+  });
+  ASSERT_EQ(ready.Receive(), 0);
+  auto pool = Pool::Open(uri);
+  CXLRT_ASSERT_OK(pool);
+  auto m = Membership::Attach(**pool, Fast());
+  CXLRT_ASSERT_OK(m);
+  CXLRT_ASSERT_OK(AwaitLiveness(**m, 0, Liveness::kAlive, absl::Seconds(5)));
+  auto watch = (*m)->Watch({0});
+  kill(victim, SIGKILL);
+  const absl::Time killed = absl::Now();
+  // A wait on the dead peer ends with kAborted naming it.
+  auto s = WaitUntil([] { return false; }, killed + absl::Seconds(30), "victim", watch.get());
+  CXLRT_EXPECT_ERROR(s, absl::StatusCode::kAborted, "host slot 0");
+  EXPECT_NE(std::string(s.message()).find("is dead: no heartbeat"), std::string::npos) << s;
+  const absl::Duration took = absl::Now() - killed;
+  EXPECT_LT(took, kLease + absl::Seconds(1));
+  auto v = (*m)->Host(0);
+  CXLRT_ASSERT_OK(v);
+  EXPECT_EQ(v->liveness, Liveness::kDead);
+  EXPECT_EQ(WaitExit(victim), 128 + SIGKILL);
+}
+
+TEST_P(MembershipTest, AFencedHostsLateWritesAreIgnored) {
+  const std::string uri = MakePool();
+  Channel ready;
+  pid_t victim = Spawn([&] {
+    auto pool = Pool::Open(uri);
+    auto m = Membership::Attach(**pool, Fast(0));
+    ready.Send(m.ok() ? 0 : 1);
+    if (!m.ok()) return 1;
+    // After SIGSTOP/SIGCONT: learn that we were fenced, and refuse to act.
+    const absl::Time end = absl::Now() + absl::Seconds(30);
+    while (!(*m)->fenced() && absl::Now() < end) absl::SleepFor(absl::Milliseconds(5));
+    if (!(*m)->fenced()) return 2;
+    if ((*m)->CheckSelf().code() != absl::StatusCode::kAborted) return 3;
+    if ((*m)->WithPoolLock([] { return absl::OkStatus(); }).code() != absl::StatusCode::kAborted) {
+      return 4;
+    }
+    if ((*m)->Detach().code() != absl::StatusCode::kAborted) return 5;
+    return 0;
+  });
+  ASSERT_EQ(ready.Receive(), 0);
+  auto pool = Pool::Open(uri);
+  CXLRT_ASSERT_OK(pool);
+  auto m = Membership::Attach(**pool, Fast());
+  CXLRT_ASSERT_OK(m);
+  CXLRT_ASSERT_OK(AwaitLiveness(**m, 0, Liveness::kAlive, absl::Seconds(5)));
+  CXLRT_EXPECT_ERROR((*m)->Fence(0), absl::StatusCode::kFailedPrecondition, "is alive");
+  CXLRT_EXPECT_ERROR((*m)->Fence((*m)->slot()), absl::StatusCode::kInvalidArgument, "itself");
+
+  kill(victim, SIGSTOP);  // a stalled host: alive, but silent
+  CXLRT_ASSERT_OK(AwaitLiveness(**m, 0, Liveness::kDead, absl::Seconds(10)));
+  auto before = (*pool)->ReadHost(0);
+  CXLRT_ASSERT_OK(before);
+  CXLRT_ASSERT_OK((*m)->Fence(0));
+  CXLRT_EXPECT_OK((*m)->Fence(0));  // idempotent
+  auto after = (*pool)->ReadHost(0);
+  CXLRT_ASSERT_OK(after);
+  EXPECT_EQ(after->state, SlotState::kFenced);
+  EXPECT_EQ(after->epoch, before->epoch + 1);
+  EXPECT_EQ(after->changed_by, (*m)->slot());
+
+  const uint64_t beat_before = (*pool)->coherence().LoadFlag((*pool)->OwnerLineOffset(0));
+  kill(victim, SIGCONT);  // it wakes up and writes again, with its old epoch
+  EXPECT_EQ(WaitExit(victim), 0) << "2 never noticed the fence, 3-5 acted although fenced";
+  const uint64_t beat_after = (*pool)->coherence().LoadFlag((*pool)->OwnerLineOffset(0));
+  EXPECT_GT(beat_after, beat_before) << "the fenced host made no late write to ignore";
+  auto seen = (*m)->Host(0);
+  CXLRT_ASSERT_OK(seen);
+  EXPECT_EQ(seen->liveness, Liveness::kFenced);
+  EXPECT_FALSE(seen->record.owner_current) << "a fenced incarnation's record was believed";
+
+  // After recovery the slot is released and can be taken again.
+  CXLRT_ASSERT_OK((*m)->Release(0));
+  EXPECT_EQ((*pool)->ReadHost(0)->state, SlotState::kFree);
+  CXLRT_EXPECT_ERROR((*m)->Release(0), absl::StatusCode::kFailedPrecondition, "not fenced");
+  CXLRT_EXPECT_OK((*pool)->Check());
+}
+
+TEST_P(MembershipTest, ASlotIsNeverGivenToTwoLiveHosts) {
+  const std::string uri = MakePool("hosts=3");
+  const int kHosts = 4;
+  const int kRounds = 15 * TestScale();
+  std::vector<pid_t> kids;
+  for (int k = 0; k < kHosts; ++k) {
+    kids.push_back(Spawn([&, k] {
+      auto pool = Pool::Open(uri);
+      if (!pool.ok()) return 2;
+      // Oracle outside the protocol: one word per slot in the heap, claimed
+      // with a real CAS (all emulated hosts share one coherent box).
+      auto* owners = reinterpret_cast<uint64_t*>((*pool)->backend().base() +
+                                                 (*pool)->header().heap_offset);
+      std::mt19937 rng(k);
+      int done = 0;
+      const absl::Time end = absl::Now() + absl::Seconds(60);
+      while (done < kRounds && absl::Now() < end) {
+        auto m = Membership::Attach(**pool, Fast());
+        if (!m.ok()) {
+          if (m.status().code() != absl::StatusCode::kResourceExhausted) return 3;
+          absl::SleepFor(absl::Microseconds(rng() % 2000));
+          continue;
+        }
+        std::atomic_ref<uint64_t> owner(owners[(*m)->slot()]);
+        uint64_t expected = 0;
+        if (!owner.compare_exchange_strong(expected, getpid())) return 4;  // shared slot!
+        absl::SleepFor(absl::Microseconds(rng() % 3000));
+        expected = getpid();
+        if (!owner.compare_exchange_strong(expected, 0)) return 5;
+        if (!(*m)->Detach().ok()) return 6;
+        ++done;
+      }
+      return done == kRounds ? 0 : 7;
+    }));
+  }
+  for (pid_t p : kids) EXPECT_EQ(WaitExit(p, absl::Seconds(90)), 0) << "4/5: two hosts in one slot";
+  auto pool = Pool::Open(uri);
+  CXLRT_ASSERT_OK(pool);
+  CXLRT_EXPECT_OK((*pool)->Check());
+  for (uint32_t i = 0; i < 3; ++i) EXPECT_EQ((*pool)->ReadHost(i)->state, SlotState::kFree);
+}
+
+TEST_P(MembershipTest, PoolLockGivesMutualExclusionUnderContention) {
+  const std::string uri = MakePool();
+  const int kProcs = 4;
+  const int kIters = 100 * TestScale();
+  std::vector<pid_t> kids;
+  for (int k = 0; k < kProcs; ++k) {
+    kids.push_back(Spawn([&] {
+      auto pool = Pool::Open(uri);
+      if (!pool.ok()) return 2;
+      auto m = Membership::Attach(**pool, Fast());
+      if (!m.ok()) return 3;
+      Coherence& c = (*pool)->coherence();
+      const PoolOffset counter = (*pool)->header().heap_offset;
+      const PoolOffset inside = counter + kWriterSeparation;
+      int violations = 0;
+      for (int i = 0; i < kIters; ++i) {
+        absl::Status s = (*m)->WithPoolLock([&] {
+          // A non-atomic read-modify-write: exact only under exclusion.
+          if (c.FetchObject<uint64_t>(inside) != 0) ++violations;
+          c.PublishObject<uint64_t>(inside, 1);
+          uint64_t v = c.FetchObject<uint64_t>(counter);
+          if (i % 7 == 0) sched_yield();
+          c.PublishObject<uint64_t>(counter, v + 1);
+          c.PublishObject<uint64_t>(inside, 0);
+          return absl::OkStatus();
+        });
+        if (!s.ok()) return 4;
+      }
+      return violations == 0 && (*m)->Detach().ok() ? 0 : 5;
+    }));
+  }
+  for (pid_t p : kids) EXPECT_EQ(WaitExit(p, absl::Seconds(120)), 0);
+  auto pool = Pool::Open(uri);
+  CXLRT_ASSERT_OK(pool);
+  EXPECT_EQ((*pool)->coherence().FetchObject<uint64_t>((*pool)->header().heap_offset),
+            static_cast<uint64_t>(kProcs * kIters));
+}
+
+TEST_P(MembershipTest, AHostKilledHoldingThePoolLockDoesNotBlockOthers) {
+  const std::string uri = MakePool();
+  Channel ready;
+  pid_t holder = Spawn([&] {
+    auto pool = Pool::Open(uri);
+    auto m = Membership::Attach(**pool, Fast(0));
+    if (!m.ok()) return 1;
+    (void)(*m)->WithPoolLock([&] {
+      ready.Send(0);
+      absl::SleepFor(absl::Seconds(60));
+      return absl::OkStatus();
+    });
+    return 0;
+  });
+  ASSERT_EQ(ready.Receive(), 0);
+  kill(holder, SIGKILL);
+  EXPECT_EQ(WaitExit(holder), 128 + SIGKILL);
+  auto pool = Pool::Open(uri);
+  CXLRT_ASSERT_OK(pool);
+  const absl::Time start = absl::Now();
+  auto m = Membership::Attach(**pool, Fast());
+  CXLRT_ASSERT_OK(m);
+  // Same machine: the holder's index lock is free, so it is known dead at once.
+  EXPECT_LT(absl::Now() - start, kLease);
+  auto dead = (*pool)->ReadHost(0);
+  CXLRT_ASSERT_OK(dead);
+  EXPECT_EQ(dead->state, SlotState::kFenced) << "the dead holder was not fenced";
+  CXLRT_EXPECT_OK((*m)->WithPoolLock([] { return absl::OkStatus(); }));
+}
+
+TEST_P(MembershipTest, AStalledLockHolderIsBrokenAfterItsLeaseAndFenced) {
+  const std::string uri = MakePool();
+  Channel ready;
+  pid_t holder = Spawn([&] {
+    auto pool = Pool::Open(uri);
+    auto m = Membership::Attach(**pool, Fast(0));
+    if (!m.ok()) return 1;
+    (void)(*m)->WithPoolLock([&] {
+      ready.Send(0);
+      absl::SleepFor(absl::Milliseconds(300));  // SIGSTOPped in here
+      return absl::OkStatus();
+    });
+    const absl::Time end = absl::Now() + absl::Seconds(20);
+    while (!(*m)->fenced() && absl::Now() < end) absl::SleepFor(absl::Milliseconds(5));
+    return (*m)->fenced() ? 0 : 2;
+  });
+  ASSERT_EQ(ready.Receive(), 0);
+  kill(holder, SIGSTOP);
+  auto pool = Pool::Open(uri);
+  CXLRT_ASSERT_OK(pool);
+  const absl::Time start = absl::Now();
+  auto m = Membership::Attach(**pool, Fast());
+  CXLRT_ASSERT_OK(m);
+  const absl::Duration waited = absl::Now() - start;
+  EXPECT_GE(waited, kLease - absl::Milliseconds(50)) << "broke a live holder's lock early";
+  EXPECT_LT(waited, kLease + absl::Seconds(2));
+  EXPECT_EQ((*pool)->ReadHost(0)->state, SlotState::kFenced);
+  kill(holder, SIGCONT);
+  EXPECT_EQ(WaitExit(holder), 0) << "the broken holder never learned it was fenced";
+}
+
+TEST_P(MembershipTest, ALiveHolderMakesOthersTimeOutNamingIt) {
+  const std::string uri = MakePool();
+  Channel ready;
+  pid_t holder = Spawn([&] {
+    auto pool = Pool::Open(uri);
+    auto m = Membership::Attach(**pool, Fast(0));
+    if (!m.ok()) return 1;
+    (void)(*m)->WithPoolLock([&] {
+      ready.Send(0);
+      absl::SleepFor(absl::Seconds(3));
+      return absl::OkStatus();
+    });
+    return 0;
+  });
+  ASSERT_EQ(ready.Receive(), 0);
+  {
+    auto pool = Pool::Open(uri);
+    CXLRT_ASSERT_OK(pool);
+    AttachOptions o = Fast();
+    o.lock_timeout = absl::Milliseconds(300);
+    CXLRT_EXPECT_ERROR(Membership::Attach(**pool, o), absl::StatusCode::kDeadlineExceeded,
+                       "held or wanted first by host slot 0");
+  }
+  EXPECT_EQ(WaitExit(holder), 0);
+}
+
+TEST_P(MembershipTest, ARestartedHostTakesOverItsCrashedSlot) {
+  const std::string uri = MakePool();
+  Channel ready;
+  pid_t first = Spawn([&] {
+    auto pool = Pool::Open(uri);
+    auto m = Membership::Attach(**pool, Fast(1));
+    ready.Send(m.ok() ? static_cast<int>((*m)->epoch()) : -1);
+    absl::SleepFor(absl::Seconds(60));
+    return 0;
+  });
+  const int first_epoch = ready.Receive();
+  ASSERT_GT(first_epoch, 0);
+  kill(first, SIGKILL);
+  WaitExit(first);
+  auto pool = Pool::Open(uri);
+  CXLRT_ASSERT_OK(pool);
+  // Asked for by number, the slot of the crashed incarnation is taken over.
+  auto m = Membership::Attach(**pool, Fast(1));
+  CXLRT_ASSERT_OK(m);
+  EXPECT_EQ((*m)->slot(), 1u);
+  EXPECT_EQ((*m)->epoch(), static_cast<uint64_t>(first_epoch) + 1);
+  CXLRT_ASSERT_OK((*m)->Detach());
+  auto r = (*pool)->ReadHost(1);
+  EXPECT_EQ(r->state, SlotState::kFree);
+  EXPECT_EQ(r->epoch, static_cast<uint64_t>(first_epoch) + 2);
+}
+
+TEST_P(MembershipTest, BadAttachRequestsAreClearErrors) {
+  const std::string uri = MakePool("hosts=2");
+  auto pool = Pool::Open(uri);
+  CXLRT_ASSERT_OK(pool);
+  AttachOptions bad = Fast();
+  bad.heartbeat = kLease;
+  CXLRT_EXPECT_ERROR(Membership::Attach(**pool, bad), absl::StatusCode::kInvalidArgument,
+                     "at most half the lease");
+  CXLRT_EXPECT_ERROR(Membership::Attach(**pool, Fast(2)), absl::StatusCode::kInvalidArgument,
+                     "host slot 2 is out of range");
+  auto a = Membership::Attach(**pool, Fast());
+  CXLRT_ASSERT_OK(a);
+  // Another open of the same pool in this process is another host.
+  auto pool2 = Pool::Open(uri);
+  CXLRT_ASSERT_OK(pool2);
+  CXLRT_EXPECT_ERROR(Membership::Attach(**pool2, Fast((*a)->slot())),
+                     absl::StatusCode::kFailedPrecondition, "held by another process");
+  auto b = Membership::Attach(**pool2, Fast());
+  CXLRT_ASSERT_OK(b);
+  EXPECT_NE((*a)->slot(), (*b)->slot());
+  auto pool3 = Pool::Open(uri);
+  CXLRT_ASSERT_OK(pool3);
+  CXLRT_EXPECT_ERROR(Membership::Attach(**pool3, Fast()), absl::StatusCode::kResourceExhausted,
+                     "all 2 host slots");
+  CXLRT_ASSERT_OK((*b)->Detach());
+  CXLRT_EXPECT_ERROR((*b)->Detach(), absl::StatusCode::kFailedPrecondition, "not attached");
+  CXLRT_EXPECT_OK(Membership::Attach(**pool3, Fast()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Domains, MembershipTest,
+                         ::testing::Values(CoherenceDomain::kHardware, CoherenceDomain::kSoftware),
+                         [](const auto& info) {
+                           return std::string(CoherenceDomainName(info.param));
+                         });
+
+}  // namespace
+}  // namespace cxlrt::runtime

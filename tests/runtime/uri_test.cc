@@ -1,0 +1,111 @@
+#include "runtime/uri.h"
+
+#include "gtest/gtest.h"
+#include "runtime/units.h"
+#include "tests/testing/test_util.h"
+
+namespace cxlrt::runtime {
+namespace {
+
+TEST(UriTest, ParsesEveryEmuParameter) {
+  auto uri = ParsePoolUri("emu://job1?size=4G&node=1&coherence=software&dir=/tmp/x&mode=0660&hosts=8");
+  CXLRT_ASSERT_OK(uri);
+  EXPECT_EQ(uri->scheme, PoolScheme::kEmu);
+  EXPECT_EQ(uri->name, "job1");
+  EXPECT_EQ(uri->size, 4ull << 30);
+  EXPECT_EQ(uri->node, 1);
+  EXPECT_EQ(uri->coherence, CoherenceDomain::kSoftware);
+  EXPECT_EQ(uri->dir, "/tmp/x");
+  EXPECT_EQ(uri->mode, 0660u);
+  EXPECT_EQ(uri->hosts, 8u);
+  EXPECT_EQ(uri->Identity(), "emu://job1");
+}
+
+TEST(UriTest, CanonicalTextParsesBackToTheSameUri) {
+  const char* text = "emu://a.b-c_d?size=268435456&node=0&coherence=simulated&dir=/d&mode=0600&hosts=3";
+  auto uri = ParsePoolUri(text);
+  CXLRT_ASSERT_OK(uri);
+  EXPECT_EQ(uri->ToString(), text);
+  auto again = ParsePoolUri(uri->ToString());
+  CXLRT_ASSERT_OK(again);
+  EXPECT_EQ(again->ToString(), text);
+}
+
+TEST(UriTest, BareNamesAndDefaults) {
+  auto emu = ParsePoolUri("emu://demo");
+  CXLRT_ASSERT_OK(emu);
+  EXPECT_FALSE(emu->size.has_value());
+  EXPECT_EQ(emu->CoherenceOrDefault(), CoherenceDomain::kHardware);
+  auto dax = ParsePoolUri("dax:///dev/dax0.0");
+  CXLRT_ASSERT_OK(dax);
+  EXPECT_EQ(dax->scheme, PoolScheme::kDax);
+  EXPECT_EQ(dax->name, "/dev/dax0.0");
+  EXPECT_EQ(dax->CoherenceOrDefault(), CoherenceDomain::kSoftware);
+}
+
+TEST(UriTest, PercentEscapesAreDecoded) {
+  auto uri = ParsePoolUri("emu://p?dir=/tmp/with%20space");
+  CXLRT_ASSERT_OK(uri);
+  EXPECT_EQ(uri->dir, "/tmp/with space");
+}
+
+struct BadUri {
+  const char* text;
+  const char* expected_in_message;
+};
+
+class BadUriTest : public ::testing::TestWithParam<BadUri> {};
+
+TEST_P(BadUriTest, IsInvalidArgumentNamingTheBadPart) {
+  CXLRT_EXPECT_ERROR(ParsePoolUri(GetParam().text), absl::StatusCode::kInvalidArgument,
+                     GetParam().expected_in_message);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Uris, BadUriTest,
+    ::testing::Values(BadUri{"", "no scheme"}, BadUri{"demo", "no scheme"},
+                      BadUri{"nfs://x", "unknown scheme 'nfs'"}, BadUri{"emu://", "pool name ''"},
+                      BadUri{"emu://.hidden", "pool name '.hidden'"},
+                      BadUri{"emu://a/b", "pool name 'a/b'"},
+                      BadUri{"emu://x?size=", "parameter 'size' is empty"},
+                      BadUri{"emu://x?size=4Q", "unknown suffix 'Q'"},
+                      BadUri{"emu://x?size=0", "size must be above 0"},
+                      BadUri{"emu://x?size=99999999999T", "overflows"},
+                      BadUri{"emu://x?size=-1", "is not a byte count"},
+                      BadUri{"emu://x?sise=4G", "unknown parameter 'sise'"},
+                      BadUri{"emu://x?size=4G&size=8G", "parameter 'size' repeated"},
+                      BadUri{"emu://x?size", "parameter 'size' has no value"},
+                      BadUri{"emu://x?size=4G&", "stray '&'"},
+                      BadUri{"emu://x?node=-1", "node '-1'"},
+                      BadUri{"emu://x?node=one", "node 'one'"},
+                      BadUri{"emu://x?coherence=weak", "coherence 'weak'"},
+                      BadUri{"emu://x?dir=relative", "dir 'relative' is not absolute"},
+                      BadUri{"emu://x?mode=0400", "mode '0400'"},
+                      BadUri{"emu://x?mode=0999", "mode '0999'"},
+                      BadUri{"emu://x?hosts=0", "hosts '0'"},
+                      BadUri{"emu://x?hosts=5000", "hosts '5000'"},
+                      BadUri{"emu://x?dir=%zz", "%-escape"},
+                      BadUri{"dax://dev/dax0.0", "absolute device path"},
+                      BadUri{"dax:///dev/dax0.0?node=1", "unknown parameter 'node'"}));
+
+TEST(UnitsTest, ParsesSuffixes) {
+  EXPECT_EQ(*ParseByteSize("4096"), 4096u);
+  EXPECT_EQ(*ParseByteSize("4K"), 4096u);
+  EXPECT_EQ(*ParseByteSize("256M"), 256ull << 20);
+  EXPECT_EQ(*ParseByteSize("256MiB"), 256ull << 20);
+  EXPECT_EQ(*ParseByteSize("4g"), 4ull << 30);
+  EXPECT_EQ(*ParseByteSize("2T"), 2ull << 40);
+  EXPECT_FALSE(ParseByteSize("1.5G").ok());
+  EXPECT_FALSE(ParseByteSize("G").ok());
+}
+
+TEST(UnitsTest, FormatsExactAndApproximateSizes) {
+  EXPECT_EQ(FormatBytes(0), "0 B");
+  EXPECT_EQ(FormatBytes(1000), "1000 B");
+  EXPECT_EQ(FormatBytes(256ull << 20), "256 MiB");
+  EXPECT_EQ(FormatBytes(3ull << 30), "3 GiB");
+  EXPECT_EQ(FormatBytes(1536), "1.5 KiB (1536 B)");
+}
+
+}  // namespace
+}  // namespace cxlrt::runtime

@@ -1,0 +1,174 @@
+// The `cxlrt` command as a user runs it: exit codes, text, and JSON that
+// parses.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/test_util.h"
+
+namespace cxlrt::tools {
+namespace {
+
+using ::cxlrt::testing::OpenUri;
+using ::cxlrt::testing::PoolUri;
+using ::cxlrt::testing::TempDir;
+
+struct Result {
+  int code;
+  std::string out;  // stdout and stderr together
+};
+
+Result Cxlrt(const std::string& args) {
+  std::string cmd = std::string(CXLRT_BIN) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  EXPECT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+Result CxlrtStdout(const std::string& args) { return Cxlrt(args + " 2>/dev/null"); }
+
+std::string Quote(const std::string& s) { return "'" + s + "'"; }
+
+TEST(CliTest, PoolLifecycle) {
+  TempDir dir;
+  const std::string create = PoolUri(dir, "", "256M");
+  const std::string uri = OpenUri(create);
+  Result r = Cxlrt("pool create " + Quote(create));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("256 MiB"), std::string::npos) << r.out;
+
+  r = Cxlrt("pool info " + Quote(uri));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("coherence   hardware"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("0 attached, 0 fenced, 64 free"), std::string::npos) << r.out;
+
+  r = CxlrtStdout("pool info --json " + Quote(uri));
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["size"], 256u << 20);
+  EXPECT_EQ(j["coherence"], "hardware");
+  EXPECT_EQ(j["format"]["version"], 1);
+  EXPECT_EQ(j["format"]["host_slots"], 64);
+  EXPECT_TRUE(j["hosts"].empty());
+
+  r = Cxlrt("pool check " + Quote(uri));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("healthy"), std::string::npos);
+  r = CxlrtStdout("pool check --json " + Quote(uri));
+  EXPECT_EQ(r.code, 0);
+  EXPECT_EQ(nlohmann::json::parse(r.out)["healthy"], true);
+
+  r = Cxlrt("pool create " + Quote(create));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("already exists"), std::string::npos) << r.out;
+
+  r = Cxlrt("pool destroy " + Quote(uri));
+  EXPECT_EQ(r.code, 0) << r.out;
+  r = Cxlrt("pool info " + Quote(uri));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("no pool"), std::string::npos) << r.out;
+}
+
+TEST(CliTest, CheckReportsCorruptionWithExitCodeOne) {
+  TempDir dir;
+  const std::string create = PoolUri(dir);
+  ASSERT_EQ(Cxlrt("pool create " + Quote(create)).code, 0);
+  const std::string uri = OpenUri(create);
+  // Scribble over the header's name field: the checksum no longer matches.
+  std::string file = dir.path() + "/cxlrt-" + uri.substr(6, uri.find('?') - 6) + ".pool";
+  FILE* f = fopen(file.c_str(), "r+");
+  ASSERT_NE(f, nullptr);
+  fseek(f, 100, SEEK_SET);
+  fputs("garbage", f);
+  fclose(f);
+  Result r = Cxlrt("pool check " + Quote(uri));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("header checksum"), std::string::npos) << r.out;
+  r = CxlrtStdout("pool check --json " + Quote(uri));
+  EXPECT_EQ(r.code, 1);
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["healthy"], false);
+  EXPECT_EQ(j["problems"].size(), 1u);
+  EXPECT_EQ(Cxlrt("pool destroy " + Quote(uri)).code, 0);
+}
+
+TEST(CliTest, TwoAttachedHostsShowInInfo) {
+  TempDir dir;
+  const std::string create = PoolUri(dir, "", "16M");
+  ASSERT_EQ(Cxlrt("pool create " + Quote(create)).code, 0);
+  const std::string uri = OpenUri(create);
+  std::string cmd = std::string(CXLRT_BIN) + " pool attach " + Quote(uri) +
+                    " --seconds 1.5 --interval-ms 200";
+  FILE* a = popen(cmd.c_str(), "r");
+  FILE* b = popen(cmd.c_str(), "r");
+  absl::SleepFor(absl::Milliseconds(600));
+  Result info = CxlrtStdout("pool info --json " + Quote(uri));
+  std::string out_a, out_b;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), a)) > 0) out_a.append(buf, n);
+  while ((n = fread(buf, 1, sizeof(buf), b)) > 0) out_b.append(buf, n);
+  EXPECT_EQ(pclose(a), 0) << out_a;
+  EXPECT_EQ(pclose(b), 0) << out_b;
+  ASSERT_EQ(info.code, 0);
+  auto j = nlohmann::json::parse(info.out);
+  ASSERT_EQ(j["hosts"].size(), 2u) << info.out;
+  for (const auto& h : j["hosts"]) {
+    EXPECT_EQ(h["state"], "attached");
+    EXPECT_EQ(h["heartbeat_moving"], true);
+  }
+  for (const std::string& out : {out_a, out_b}) {
+    EXPECT_NE(out.find("alive pid"), std::string::npos) << out;
+    EXPECT_NE(out.find("detached"), std::string::npos) << out;
+  }
+}
+
+TEST(CliTest, DoctorSaysWhatThisMachineHas) {
+  Result r = Cxlrt("doctor");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("write back with"), std::string::npos);
+  r = CxlrtStdout("doctor --json");
+  ASSERT_EQ(r.code, 0);
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j.contains("numa_nodes"));
+  EXPECT_TRUE(j.contains("cuda"));
+  EXPECT_TRUE(j["config"].contains("CXLRT_LEASE_MS"));
+  if (j["cxl_present"] == false) {
+    EXPECT_NE(j["verdict"].get<std::string>().find("no CXL device on this machine"),
+              std::string::npos);
+    EXPECT_NE(j["verdict"].get<std::string>().find("emulated pool"), std::string::npos);
+  }
+}
+
+TEST(CliTest, WrongArgumentsPrintUsageAndExitTwo) {
+  for (const char* args : {"", "frobnicate", "pool", "pool info --bogus", "pool fence",
+                           "pool attach --seconds x", "doctor extra"}) {
+    Result r = Cxlrt(args);
+    EXPECT_EQ(r.code, 2) << "cxlrt " << args << "\n" << r.out;
+    EXPECT_NE(r.out.find("Usage"), std::string::npos) << "cxlrt " << args << "\n" << r.out;
+  }
+  for (const char* args : {"--help", "pool --help", "pool create --help", "doctor --help"}) {
+    Result r = Cxlrt(args);
+    EXPECT_EQ(r.code, 0) << args;
+    EXPECT_NE(r.out.find("Usage"), std::string::npos) << args;
+  }
+}
+
+TEST(CliTest, ABadEnvironmentVariableIsAClearError) {
+  Result r = Cxlrt("doctor");
+  Result bad = Cxlrt("doctor 2>&1 </dev/null; CXLRT_LEASE_MS=soon " + std::string(CXLRT_BIN) +
+                   " doctor");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("CXLRT_LEASE_MS='soon'"), std::string::npos) << bad.out;
+}
+
+}  // namespace
+}  // namespace cxlrt::tools
