@@ -342,7 +342,7 @@ absl::Status Pool::Destroy(absl::string_view uri_text, const DestroyOptions& opt
         }
       }
       if (!attached.empty()) {
-        absl::SleepFor(absl::Milliseconds(2 * longest_ms + 10));
+        absl::SleepFor(absl::Milliseconds(std::max(3 * longest_ms, 250u)));
         std::vector<std::string> live;
         for (const auto& [i, before] : attached) {
           auto r = (*pool)->ReadHost(i);

@@ -48,7 +48,7 @@ struct HostSample {
   bool beating = false;  // heartbeat moved during the sample
 };
 
-// Reads every used slot twice, two heartbeat periods apart, to tell hosts
+// Reads every used slot twice, three heartbeat periods (at least 250 ms) apart, to tell hosts
 // whose heartbeat moves from hosts that stopped.
 std::vector<HostSample> SampleHosts(const Pool& pool) {
   std::map<uint32_t, HostRecord> first;
@@ -62,7 +62,7 @@ std::vector<HostSample> SampleHosts(const Pool& pool) {
   }
   bool any_attached = false;
   for (auto& [i, r] : first) any_attached |= r.state == SlotState::kAttached;
-  if (any_attached) absl::SleepFor(absl::Milliseconds(2 * std::min(longest_ms, 5000u) + 20));
+  if (any_attached) absl::SleepFor(absl::Milliseconds(std::max(3 * std::min(longest_ms, 5000u), 250u)));
   std::vector<HostSample> out;
   for (auto& [i, before] : first) {
     auto r = pool.ReadHost(i);

@@ -106,7 +106,7 @@ TEST(CliTest, TwoAttachedHostsShowInInfo) {
   ASSERT_EQ(Cxlrt("pool create " + Quote(create)).code, 0);
   const std::string uri = OpenUri(create);
   std::string cmd = std::string(CXLRT_BIN) + " pool attach " + Quote(uri) +
-                    " --seconds 1.5 --interval-ms 200";
+                    " --seconds 3 --interval-ms 200";
   FILE* a = popen(cmd.c_str(), "r");
   FILE* b = popen(cmd.c_str(), "r");
   absl::SleepFor(absl::Milliseconds(600));
