@@ -156,7 +156,9 @@ TEST_F(PoolTest, OpeningWithoutReadWriteAccessIsPermissionDenied) {
   std::string uri = MakePool();
   ASSERT_EQ(chmod(dir_.path().c_str(), 0755), 0);  // the directory is not what stops it
   const bool root = geteuid() == 0;
-  if (!root) ASSERT_EQ(chmod(FileOf(uri).c_str(), 0400), 0);
+  if (!root) {
+    ASSERT_EQ(chmod(FileOf(uri).c_str(), 0400), 0);
+  }
   pid_t child = Spawn([&] {
     // Root may open anything: become nobody, for whom 0600 root's is closed.
     if (root && (setgid(65534) != 0 || setuid(65534) != 0)) return 10;
