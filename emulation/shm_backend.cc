@@ -73,8 +73,8 @@ absl::StatusOr<std::unique_ptr<MemoryBackend>> Map(int fd, uint64_t size, Backen
     if (int rc = posix_fallocate(fd, 0, static_cast<off_t>(size)); rc != 0) {
       munmap(base, size);
       close(fd);
-      return ErrnoStatus(rc, absl::StrCat("cannot reserve ", FormatBytes(size), " for ",
-                                          info.path, " (is the filesystem full?)"));
+      return ErrnoStatus(rc, absl::StrCat("cannot reserve ", FormatBytes(size), " for ", info.path,
+                                          " (is the filesystem full?)"));
     }
   }
   Prefault(base, size);
@@ -98,8 +98,9 @@ BackendInfo BaseInfo(const PoolUri& uri) {
 absl::StatusOr<std::unique_ptr<MemoryBackend>> CreateShm(const PoolUri& uri, uint64_t size) {
   BackendInfo info = BaseInfo(uri);
   const bool numa = numa_available() >= 0;
-  auto choice = runtime::ChooseEmulationNode(numa ? runtime::ReadNumaNodes() : std::vector<runtime::NumaNode>{},
-                                             uri.node, runtime::CurrentNode());
+  auto choice = runtime::ChooseEmulationNode(
+      numa ? runtime::ReadNumaNodes() : std::vector<runtime::NumaNode>{}, uri.node,
+      runtime::CurrentNode());
   if (!choice.ok()) return choice.status();
   info.numa_node = choice->node;
   info.placement = choice->reason;

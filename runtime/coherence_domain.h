@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <optional>
+
 #include "absl/strings/string_view.h"
 
 namespace cxlrt::runtime {

@@ -26,8 +26,8 @@ absl::Status ParseUint(const char* name, const char* value, uint32_t lo, uint32_
                        uint32_t* out) {
   uint32_t v = 0;
   if (!absl::SimpleAtoi(value, &v) || v < lo || v > hi) {
-    return absl::InvalidArgumentError(absl::StrCat(name, "='", value,
-                                                   "' is not an integer in [", lo, ", ", hi, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, "='", value, "' is not an integer in [", lo, ", ", hi, "]"));
   }
   *out = v;
   return absl::OkStatus();
@@ -76,9 +76,9 @@ absl::StatusOr<Config> ParseConfig(const std::function<const char*(const char*)>
     }
   }
   if (c.heartbeat_ms * 2 > c.lease_ms) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CXLRT_HEARTBEAT_MS=", c.heartbeat_ms, " must be below half of CXLRT_LEASE_MS=",
-                     c.lease_ms, ", or live hosts would be declared dead"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CXLRT_HEARTBEAT_MS=", c.heartbeat_ms, " must be below half of CXLRT_LEASE_MS=", c.lease_ms,
+        ", or live hosts would be declared dead"));
   }
   if (const char* v = getenv("CXLRT_LOCK_TIMEOUT_MS"); v && *v) {
     if (auto s = ParseUint("CXLRT_LOCK_TIMEOUT_MS", v, 1, 3600000, &c.lock_timeout_ms); !s.ok()) {

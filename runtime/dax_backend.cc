@@ -148,8 +148,8 @@ absl::Status CheckDaxDevice(const std::string& path) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, " is not a character device (device-DAX devices are /dev/daxX.Y)"));
   }
-  std::string link = absl::StrCat("/sys/dev/char/", major(st.st_rdev), ":", minor(st.st_rdev),
-                                  "/subsystem");
+  std::string link =
+      absl::StrCat("/sys/dev/char/", major(st.st_rdev), ":", minor(st.st_rdev), "/subsystem");
   char buf[PATH_MAX];
   ssize_t n = readlink(link.c_str(), buf, sizeof(buf) - 1);
   std::string subsystem = "unknown";
@@ -159,8 +159,8 @@ absl::Status CheckDaxDevice(const std::string& path) {
     subsystem = slash ? slash + 1 : buf;
   }
   if (subsystem != "dax") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, " is a character device of subsystem '", subsystem, "', not device-DAX"));
+    return absl::InvalidArgumentError(absl::StrCat(path, " is a character device of subsystem '",
+                                                   subsystem, "', not device-DAX"));
   }
   return absl::OkStatus();
 }

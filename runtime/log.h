@@ -31,7 +31,7 @@ class LogMessage {
 
 }  // namespace cxlrt::runtime
 
-#define CXLRT_LOG(level)                                                   \
+#define CXLRT_LOG(level)                                                  \
   if (!::cxlrt::runtime::LogEnabled(::cxlrt::runtime::LogLevel::level)) { \
-  } else                                                                   \
+  } else                                                                  \
     ::cxlrt::runtime::LogMessage(::cxlrt::runtime::LogLevel::level, __FILE__, __LINE__).stream()

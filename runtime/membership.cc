@@ -63,8 +63,8 @@ class Membership::Liveness_ : public BakeryLiveness {
     }
     auto control = pool.ReadHost(j);
     const uint64_t epoch = control.ok() ? control->epoch : 0;
-    absl::Duration lease = owner_ok && owner.lease_ms ? absl::Milliseconds(owner.lease_ms)
-                                                       : m_->lease_;
+    absl::Duration lease =
+        owner_ok && owner.lease_ms ? absl::Milliseconds(owner.lease_ms) : m_->lease_;
     return m_->Observe(j, epoch) > lease;
   }
 
@@ -89,14 +89,14 @@ class Membership::PeerWatch : public WaitWatch {
       if (!v.ok()) return absl::AbortedError(v.status().message());
       const HostRecord& r = v->record;
       if (r.epoch != epoch || r.state != SlotState::kAttached) {
-        return absl::AbortedError(absl::StrCat(Describe(r), " is gone: it was ",
-                                               r.state == SlotState::kFenced ? "fenced" : "detached",
-                                               " (epoch ", epoch, " -> ", r.epoch, ")"));
+        return absl::AbortedError(absl::StrCat(
+            Describe(r), " is gone: it was ", r.state == SlotState::kFenced ? "fenced" : "detached",
+            " (epoch ", epoch, " -> ", r.epoch, ")"));
       }
       if (v->liveness == Liveness::kDead) {
         return absl::AbortedError(absl::StrCat(Describe(r), " is dead: no heartbeat for ",
-                                               absl::FormatDuration(v->since_heartbeat),
-                                               " (lease ", absl::FormatDuration(v->lease), ")"));
+                                               absl::FormatDuration(v->since_heartbeat), " (lease ",
+                                               absl::FormatDuration(v->lease), ")"));
       }
     }
     return absl::OkStatus();
@@ -137,14 +137,16 @@ absl::StatusOr<std::unique_ptr<Membership>> Membership::Attach(Pool& pool,
   const absl::Duration lock_timeout =
       options.lock_timeout.value_or(absl::Milliseconds(config.lock_timeout_ms));
   if (heartbeat <= absl::ZeroDuration() || heartbeat * 2 > lease) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "heartbeat ", absl::FormatDuration(heartbeat), " must be positive and at most half the "
-        "lease ", absl::FormatDuration(lease)));
+    return absl::InvalidArgumentError(absl::StrCat("heartbeat ", absl::FormatDuration(heartbeat),
+                                                   " must be positive and at most half the "
+                                                   "lease ",
+                                                   absl::FormatDuration(lease)));
   }
   std::optional<uint32_t> wanted = options.slot;
   if (!wanted && config.host_id >= 0) wanted = static_cast<uint32_t>(config.host_id);
 
-  auto try_slot = [&](uint32_t i, bool explicit_slot) -> absl::StatusOr<std::unique_ptr<Membership>> {
+  auto try_slot = [&](uint32_t i,
+                      bool explicit_slot) -> absl::StatusOr<std::unique_ptr<Membership>> {
     CXLRT_ASSIGN_OR_RETURN(bool mine, pool.backend().TryLockLocalIndex(i));
     if (!mine) {
       if (!explicit_slot) return std::unique_ptr<Membership>();
@@ -232,9 +234,9 @@ absl::Status Membership::Claim(bool explicit_slot) {
       // this machine holds the slot: a predecessor here crashed.
       if (explicit_slot && r->owner_current && r->hostname != hostname_.substr(0, 23)) {
         unlock();
-        return absl::FailedPreconditionError(absl::StrCat(
-            "host slot ", slot_, " of ", pool_.name(), " is attached by pid ", r->pid, " on ",
-            r->hostname, "; give each machine its own CXLRT_HOST_ID"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("host slot ", slot_, " of ", pool_.name(), " is attached by pid ", r->pid,
+                         " on ", r->hostname, "; give each machine its own CXLRT_HOST_ID"));
       }
       take = explicit_slot;
       break;
@@ -256,7 +258,8 @@ absl::Status Membership::Claim(bool explicit_slot) {
   for (uint32_t j : lock_->skipped()) {
     auto dead = pool_.ReadHost(j);
     if (dead.ok() && dead->state == SlotState::kAttached) {
-      CXLRT_LOG(kWarning) << "fencing " << Describe(*dead) << ": it died holding a pool lock ticket";
+      CXLRT_LOG(kWarning) << "fencing " << Describe(*dead)
+                          << ": it died holding a pool lock ticket";
       WriteControl(j, dead->epoch + 1, SlotState::kFenced, dead->owner_pid);
     }
   }
@@ -273,7 +276,8 @@ absl::Status Membership::WithPoolLock(const std::function<absl::Status()>& fn) {
   for (uint32_t j : lock_->skipped()) {
     auto dead = pool_.ReadHost(j);
     if (dead.ok() && dead->state == SlotState::kAttached) {
-      CXLRT_LOG(kWarning) << "fencing " << Describe(*dead) << ": it died holding a pool lock ticket";
+      CXLRT_LOG(kWarning) << "fencing " << Describe(*dead)
+                          << ": it died holding a pool lock ticket";
       WriteControl(j, dead->epoch + 1, SlotState::kFenced, dead->owner_pid);
     }
   }
@@ -425,9 +429,10 @@ absl::Status Membership::Fence(uint32_t slot, bool force) {
       return absl::OkStatus();  // already done: fencing is idempotent
     case Liveness::kAlive:
       if (!force) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            Describe(v.record), " is alive: heartbeat seen ",
-            absl::FormatDuration(v.since_heartbeat), " ago, lease ", absl::FormatDuration(v.lease)));
+        return absl::FailedPreconditionError(
+            absl::StrCat(Describe(v.record), " is alive: heartbeat seen ",
+                         absl::FormatDuration(v.since_heartbeat), " ago, lease ",
+                         absl::FormatDuration(v.lease)));
       }
       break;
     default:

@@ -50,11 +50,11 @@ struct AttachOptions {
 };
 
 enum class Liveness {
-  kFree,     // no host in the slot
-  kSelf,     // this process
-  kAlive,    // attached, heartbeat moved within its lease
-  kDead,     // attached, heartbeat still for longer than its lease
-  kFenced,   // fenced by a survivor, not yet released
+  kFree,    // no host in the slot
+  kSelf,    // this process
+  kAlive,   // attached, heartbeat moved within its lease
+  kDead,    // attached, heartbeat still for longer than its lease
+  kFenced,  // fenced by a survivor, not yet released
 };
 
 const char* LivenessName(Liveness l);

@@ -37,7 +37,8 @@ uint64_t RandomId() {
   uint64_t id = 0;
   while (id == 0) {
     if (getrandom(&id, sizeof(id), 0) != sizeof(id)) {
-      id = static_cast<uint64_t>(absl::GetCurrentTimeNanos()) ^ (static_cast<uint64_t>(getpid()) << 32);
+      id = static_cast<uint64_t>(absl::GetCurrentTimeNanos()) ^
+           (static_cast<uint64_t>(getpid()) << 32);
     }
   }
   return id;
@@ -72,7 +73,8 @@ struct Layout {
 Layout ComputeLayout(uint32_t hosts, uint32_t entries) {
   Layout l;
   l.host_table_offset = kHeaderRegionSize;
-  l.directory_offset = AlignUp(l.host_table_offset + uint64_t{hosts} * sizeof(HostSlotLayout), 4096);
+  l.directory_offset =
+      AlignUp(l.host_table_offset + uint64_t{hosts} * sizeof(HostSlotLayout), 4096);
   l.heap_offset =
       AlignUp(l.directory_offset + uint64_t{entries} * sizeof(RegionEntryLayout), kHeapAlignment);
   return l;
@@ -88,7 +90,8 @@ uint32_t HeaderChecksum(const PoolHeaderLayout& h) {
   return Crc32c(&h, offsetof(PoolHeaderLayout, checksum));
 }
 uint32_t OwnerLineChecksum(const HostOwnerLineLayout& l) {
-  return Crc32c(reinterpret_cast<const uint8_t*>(&l) + 8, offsetof(HostOwnerLineLayout, checksum) - 8);
+  return Crc32c(reinterpret_cast<const uint8_t*>(&l) + 8,
+                offsetof(HostOwnerLineLayout, checksum) - 8);
 }
 uint32_t ControlLineChecksum(const HostControlLineLayout& l) {
   return Crc32c(&l, offsetof(HostControlLineLayout, checksum));
@@ -101,15 +104,15 @@ absl::Status Pool::ValidateHeader(const PoolHeaderLayout& h, uint64_t backing_si
                                   absl::string_view where) {
   if (h.magic != kPoolMagic) {
     if (AllZero(&h, sizeof(h))) {
-      return Corrupt(where, "the header is all zero: its creation did not finish, or this is "
-                            "not a cxlrt pool");
+      return Corrupt(where,
+                     "the header is all zero: its creation did not finish, or this is "
+                     "not a cxlrt pool");
     }
     if (h.magic == 0) {
       return Corrupt(where, "header magic is 0x0: its creation did not finish (creator crashed?)");
     }
-    return Corrupt(where, absl::StrCat("header magic is 0x", absl::Hex(h.magic),
-                                       " (expected 0x", absl::Hex(kPoolMagic),
-                                       ", \"CXLRTPL1\"): not a cxlrt pool"));
+    return Corrupt(where, absl::StrCat("header magic is 0x", absl::Hex(h.magic), " (expected 0x",
+                                       absl::Hex(kPoolMagic), ", \"CXLRTPL1\"): not a cxlrt pool"));
   }
   if (h.format_version != kPoolFormatVersion) {
     return Corrupt(where, absl::StrCat("format version is ", h.format_version,
@@ -132,16 +135,18 @@ absl::Status Pool::ValidateHeader(const PoolHeaderLayout& h, uint64_t backing_si
     return Corrupt(where, absl::StrCat("pool_size ", h.pool_size, " is below the minimum ",
                                        FormatBytes(kMinPoolSize)));
   }
-  if (!ParseCoherenceDomain(CoherenceDomainName(static_cast<CoherenceDomain>(h.coherence_domain)))) {
+  if (!ParseCoherenceDomain(
+          CoherenceDomainName(static_cast<CoherenceDomain>(h.coherence_domain)))) {
     return Corrupt(where, absl::StrCat("coherence domain is ", h.coherence_domain,
                                        " (expected 1 hardware, 2 software or 3 simulated)"));
   }
   if (h.flags != 0) {
-    return Corrupt(where, absl::StrCat("flags are 0x", absl::Hex(h.flags), " (version 1 has none)"));
+    return Corrupt(where,
+                   absl::StrCat("flags are 0x", absl::Hex(h.flags), " (version 1 has none)"));
   }
   if (h.host_slot_count < 1 || h.host_slot_count > kMaxHostSlots) {
-    return Corrupt(where, absl::StrCat("host_slot_count is ", h.host_slot_count,
-                                       " (expected 1..", kMaxHostSlots, ")"));
+    return Corrupt(where, absl::StrCat("host_slot_count is ", h.host_slot_count, " (expected 1..",
+                                       kMaxHostSlots, ")"));
   }
   if (h.host_slot_size != sizeof(HostSlotLayout)) {
     return Corrupt(where, absl::StrCat("host_slot_size is ", h.host_slot_size, " (expected ",
@@ -162,9 +167,10 @@ absl::Status Pool::ValidateHeader(const PoolHeaderLayout& h, uint64_t backing_si
       h.directory_offset + uint64_t{h.directory_entry_count} * h.directory_entry_size;
   if (h.host_table_offset < kHeaderRegionSize || h.host_table_offset % 4096 != 0 ||
       h.host_table_offset > h.pool_size || host_end > h.pool_size) {
-    return Corrupt(where, absl::StrCat("host table [", h.host_table_offset, ", ", host_end,
-                                       ") is not 4 KiB aligned after the header inside the pool of ",
-                                       h.pool_size, " bytes"));
+    return Corrupt(where,
+                   absl::StrCat("host table [", h.host_table_offset, ", ", host_end,
+                                ") is not 4 KiB aligned after the header inside the pool of ",
+                                h.pool_size, " bytes"));
   }
   if (h.directory_offset < host_end || h.directory_offset % 4096 != 0 ||
       h.directory_offset > h.pool_size || dir_end > h.pool_size) {
@@ -175,10 +181,10 @@ absl::Status Pool::ValidateHeader(const PoolHeaderLayout& h, uint64_t backing_si
   if (h.heap_offset < dir_end || h.heap_offset % kHeapAlignment != 0 ||
       h.heap_offset > h.pool_size || h.heap_size != h.pool_size - h.heap_offset ||
       h.heap_size == 0) {
-    return Corrupt(where, absl::StrCat("heap at ", h.heap_offset, " of ", h.heap_size,
-                                       " bytes is not 2 MiB aligned after the directory (ends at ",
-                                       dir_end, ") and running to the end of the pool (",
-                                       h.pool_size, ")"));
+    return Corrupt(
+        where, absl::StrCat("heap at ", h.heap_offset, " of ", h.heap_size,
+                            " bytes is not 2 MiB aligned after the directory (ends at ", dir_end,
+                            ") and running to the end of the pool (", h.pool_size, ")"));
   }
   if (strnlen(h.name, sizeof(h.name)) == sizeof(h.name)) {
     return Corrupt(where, "pool name is not NUL-terminated");
@@ -204,9 +210,8 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(absl::string_view uri_text) {
   CXLRT_ASSIGN_OR_RETURN(PoolUri uri, ParsePoolUri(uri_text));
   CXLRT_ASSIGN_OR_RETURN(const BackendProvider* provider, FindBackendProvider(uri.scheme));
   if (!uri.size) {
-    return absl::InvalidArgumentError(absl::StrCat("creating ", uri.Identity(),
-                                                   " needs a size (e.g. ", uri.Identity(),
-                                                   "?size=1G)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "creating ", uri.Identity(), " needs a size (e.g. ", uri.Identity(), "?size=1G)"));
   }
   const uint64_t size = *uri.size;
   if (size < kMinPoolSize || size % provider->size_alignment != 0) {
@@ -237,8 +242,9 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(absl::string_view uri_text) {
   PoolHeaderLayout existing;
   c.Fetch(&existing, 0, sizeof(existing));
   if (existing.magic == kPoolMagic) {
-    return absl::AlreadyExistsError(absl::StrCat(uri.Identity(), " already holds a pool; destroy "
-                                                               "it first"));
+    return absl::AlreadyExistsError(absl::StrCat(uri.Identity(),
+                                                 " already holds a pool; destroy "
+                                                 "it first"));
   }
 
   // Metadata must read as zero (empty slots, empty directory); a fresh file
@@ -300,19 +306,18 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::Open(absl::string_view uri_text) {
 
   const CoherenceDomain domain = static_cast<CoherenceDomain>(h.coherence_domain);
   if (uri.size && *uri.size != h.pool_size) {
-    return absl::InvalidArgumentError(absl::StrCat(where, " is ", FormatBytes(h.pool_size),
-                                                   " but the URI says size=",
-                                                   FormatBytes(*uri.size)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " is ", FormatBytes(h.pool_size),
+                     " but the URI says size=", FormatBytes(*uri.size)));
   }
   if (uri.coherence && *uri.coherence != domain) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, " was created with coherence=", CoherenceDomainName(domain),
-        " but the URI says coherence=", CoherenceDomainName(*uri.coherence)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " was created with coherence=", CoherenceDomainName(domain),
+                     " but the URI says coherence=", CoherenceDomainName(*uri.coherence)));
   }
   if (uri.hosts && *uri.hosts != h.host_slot_count) {
-    return absl::InvalidArgumentError(absl::StrCat(where, " has ", h.host_slot_count,
-                                                   " host slots but the URI says hosts=",
-                                                   *uri.hosts));
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, " has ", h.host_slot_count, " host slots but the URI says hosts=", *uri.hosts));
   }
   CXLRT_ASSIGN_OR_RETURN(std::unique_ptr<Coherence> coherence,
                          MakeCoherence(domain, backend->base(), backing));
@@ -351,9 +356,9 @@ absl::Status Pool::Destroy(absl::string_view uri_text, const DestroyOptions& opt
           }
         }
         if (!live.empty()) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              uri.Identity(), " has live hosts (", absl::StrJoin(live, ", "),
-              "); detach them first, or force"));
+          return absl::FailedPreconditionError(absl::StrCat(uri.Identity(), " has live hosts (",
+                                                            absl::StrJoin(live, ", "),
+                                                            "); detach them first, or force"));
         }
       }
     } else if (pool.status().code() == absl::StatusCode::kNotFound ||
@@ -429,8 +434,8 @@ absl::StatusOr<std::vector<RegionInfo>> Pool::ListRegions() const {
       return Corrupt(name(), absl::StrCat("region directory entry ", i, " checksum mismatch"));
     }
     if (zero || e.state != static_cast<uint32_t>(RegionState::kLive)) continue;
-    out.push_back(RegionInfo{i, SafeString(e.name, sizeof(e.name)), e.offset, e.size,
-                             e.owner_host, e.generation});
+    out.push_back(RegionInfo{i, SafeString(e.name, sizeof(e.name)), e.offset, e.size, e.owner_host,
+                             e.generation});
   }
   return out;
 }
@@ -463,8 +468,9 @@ absl::Status Pool::Check(std::vector<std::string>* problems_out) const {
     bool zero = false;
     if (!ReadRecord(*coherence_, OwnerLineOffset(i), &owner, OwnerLineChecksum, &zero)) {
       if (r->state == SlotState::kAttached) {
-        problems.push_back(absl::StrCat("host slot ", i, " is attached but its owner line "
-                                                         "checksum does not match"));
+        problems.push_back(absl::StrCat("host slot ", i,
+                                        " is attached but its owner line "
+                                        "checksum does not match"));
       }
     } else if (!zero && owner.epoch > r->epoch) {
       problems.push_back(absl::StrCat("host slot ", i, " owner line claims epoch ", owner.epoch,
@@ -509,17 +515,16 @@ absl::Status Pool::Check(std::vector<std::string>* problems_out) const {
       continue;
     }
     if (e.owner_host >= host_slots()) {
-      problems.push_back(absl::StrCat(label, " is owned by host slot ", e.owner_host,
-                                      ", which does not exist"));
+      problems.push_back(
+          absl::StrCat(label, " is owned by host slot ", e.owner_host, ", which does not exist"));
     }
     if (auto [it, fresh] = names.emplace(region, i); !fresh) {
       problems.push_back(absl::StrCat(label, " repeats the name of entry ", it->second));
     }
     spans.push_back({e.offset, e.size, i});
   }
-  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
-    return a.offset < b.offset;
-  });
+  std::sort(spans.begin(), spans.end(),
+            [](const Span& a, const Span& b) { return a.offset < b.offset; });
   for (size_t k = 1; k < spans.size(); ++k) {
     if (spans[k].offset < spans[k - 1].offset + spans[k - 1].size) {
       problems.push_back(absl::StrCat("region directory entries ", spans[k - 1].index, " and ",
@@ -531,9 +536,9 @@ absl::Status Pool::Check(std::vector<std::string>* problems_out) const {
     problems_out->insert(problems_out->end(), problems.begin(), problems.end());
   }
   if (problems.empty()) return absl::OkStatus();
-  return absl::DataLossError(absl::StrCat("pool ", name(), " is corrupt (", problems.size(),
-                                          problems.size() == 1 ? " problem): " : " problems): ",
-                                          absl::StrJoin(problems, "; ")));
+  return absl::DataLossError(absl::StrCat(
+      "pool ", name(), " is corrupt (", problems.size(),
+      problems.size() == 1 ? " problem): " : " problems): ", absl::StrJoin(problems, "; ")));
 }
 
 }  // namespace cxlrt::runtime

@@ -12,11 +12,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "runtime/coherence.h"
 #include "runtime/memory_backend.h"
 #include "runtime/pool_layout.h"

@@ -12,10 +12,10 @@
 
 // Evaluates `expr` (an absl::Status) and returns it from the enclosing
 // function when it is not OK.
-#define CXLRT_RETURN_IF_ERROR(expr)                        \
-  do {                                                     \
-    ::absl::Status cxlrt_status_ = (expr);                 \
-    if (!cxlrt_status_.ok()) return cxlrt_status_;         \
+#define CXLRT_RETURN_IF_ERROR(expr)                \
+  do {                                             \
+    ::absl::Status cxlrt_status_ = (expr);         \
+    if (!cxlrt_status_.ok()) return cxlrt_status_; \
   } while (0)
 
 // `lhs` = value of `rexpr` (an absl::StatusOr<T>), or returns its status.

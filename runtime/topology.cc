@@ -106,8 +106,9 @@ void AddHwlocMemoryAttributes(std::vector<NumaNode>* nodes) {
   }
   hwloc_obj_t node = nullptr;
   while ((node = hwloc_get_next_obj_by_type(topo, HWLOC_OBJ_NUMANODE, node)) != nullptr) {
-    auto it = std::find_if(nodes->begin(), nodes->end(),
-                           [&](const NumaNode& n) { return n.id == static_cast<int>(node->os_index); });
+    auto it = std::find_if(nodes->begin(), nodes->end(), [&](const NumaNode& n) {
+      return n.id == static_cast<int>(node->os_index);
+    });
     if (it == nodes->end()) continue;
     hwloc_location initiator;
     initiator.type = HWLOC_LOCATION_TYPE_CPUSET;
@@ -117,11 +118,13 @@ void AddHwlocMemoryAttributes(std::vector<NumaNode>* nodes) {
     hwloc_location* where = has_cpus ? &initiator : nullptr;
     unsigned long flags = 0;
     if (hwloc_memattr_get_value(topo, HWLOC_MEMATTR_ID_READ_BANDWIDTH, node, where, flags,
-                                &value) == 0 && value) {
+                                &value) == 0 &&
+        value) {
       it->read_bandwidth_mbps = value;
     }
     if (hwloc_memattr_get_value(topo, HWLOC_MEMATTR_ID_READ_LATENCY, node, where, flags, &value) ==
-            0 && value) {
+            0 &&
+        value) {
       it->read_latency_ns = value;
     }
   }
@@ -165,8 +168,8 @@ absl::StatusOr<NodeChoice> ChooseEmulationNode(const std::vector<NumaNode>& node
                                                std::optional<int> requested, int current_node) {
   if (nodes.empty()) {
     if (requested && *requested != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "node=", *requested, " was asked for, but this machine has no NUMA nodes"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("node=", *requested, " was asked for, but this machine has no NUMA nodes"));
     }
     return NodeChoice{-1, "this kernel reports no NUMA nodes; pages are not bound"};
   }
@@ -175,10 +178,9 @@ absl::StatusOr<NodeChoice> ChooseEmulationNode(const std::vector<NumaNode>& node
   if (requested) {
     auto it = std::find_if(nodes.begin(), nodes.end(), [&](auto& n) { return n.id == *requested; });
     if (it == nodes.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("node=", *requested,
-                                                     " does not exist (this machine has node",
-                                                     nodes.size() > 1 ? "s " : " ",
-                                                     absl::StrJoin(ids, ", "), ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("node=", *requested, " does not exist (this machine has node",
+                       nodes.size() > 1 ? "s " : " ", absl::StrJoin(ids, ", "), ")"));
     }
     if (it->mem_total == 0) {
       return absl::InvalidArgumentError(
@@ -194,17 +196,18 @@ absl::StatusOr<NodeChoice> ChooseEmulationNode(const std::vector<NumaNode>& node
     }
   }
   if (nodes.size() > 1) {
-    auto cur = std::find_if(nodes.begin(), nodes.end(), [&](auto& n) { return n.id == current_node; });
+    auto cur =
+        std::find_if(nodes.begin(), nodes.end(), [&](auto& n) { return n.id == current_node; });
     if (cur != nodes.end() && cur->distance.size() == nodes.size()) {
       size_t best = 0;
       for (size_t k = 0; k < nodes.size(); ++k) {
         if (nodes[k].mem_total > 0 && cur->distance[k] > cur->distance[best]) best = k;
       }
       if (nodes[best].id != current_node) {
-        return NodeChoice{nodes[best].id,
-                          absl::StrCat("node ", nodes[best].id, ": farthest from this CPU's node ",
-                                       current_node, " (distance ", cur->distance[best],
-                                       "), like memory behind a CXL link")};
+        return NodeChoice{
+            nodes[best].id,
+            absl::StrCat("node ", nodes[best].id, ": farthest from this CPU's node ", current_node,
+                         " (distance ", cur->distance[best], "), like memory behind a CXL link")};
       }
     }
   }
@@ -212,8 +215,9 @@ absl::StatusOr<NodeChoice> ChooseEmulationNode(const std::vector<NumaNode>& node
                                      ? absl::StrCat("node ", nodes[0].id,
                                                     ": the only NUMA node (no CXL or CPU-less "
                                                     "node here)")
-                                     : absl::StrCat("node ", nodes[0].id, ": no CPU-less or "
-                                                                          "farther node found")};
+                                     : absl::StrCat("node ", nodes[0].id,
+                                                    ": no CPU-less or "
+                                                    "farther node found")};
 }
 
 int CurrentNode() {

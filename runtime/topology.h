@@ -15,9 +15,9 @@ namespace cxlrt::runtime {
 
 struct NumaNode {
   int id = 0;
-  std::string cpulist;      // as sysfs prints it, "" for a CPU-less node
+  std::string cpulist;  // as sysfs prints it, "" for a CPU-less node
   int cpu_count = 0;
-  uint64_t mem_total = 0;   // bytes
+  uint64_t mem_total = 0;     // bytes
   std::vector<int> distance;  // to node 0, 1, ... in the order of `nodes`
   // hwloc memory attributes from HMAT, when the firmware provides them.
   std::optional<uint64_t> read_bandwidth_mbps;
@@ -33,8 +33,8 @@ struct DaxDevice {
 };
 
 struct HugePages {
-  std::string thp_enabled;      // "always [madvise] never" as sysfs prints it
-  std::string thp_shmem;        // shmem_enabled
+  std::string thp_enabled;  // "always [madvise] never" as sysfs prints it
+  std::string thp_shmem;    // shmem_enabled
   uint64_t free_2m = 0, total_2m = 0, free_1g = 0, total_1g = 0;
 };
 

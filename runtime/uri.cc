@@ -123,7 +123,8 @@ absl::StatusOr<PoolUri> ParsePoolUri(absl::string_view text) {
         return Bad(text, absl::StrCat("unknown parameter '", key, "' (known for this scheme: ",
                                       absl::StrJoin(allowed, ", "), ")"));
       }
-      if (!seen.insert(key).second) return Bad(text, absl::StrCat("parameter '", key, "' repeated"));
+      if (!seen.insert(key).second)
+        return Bad(text, absl::StrCat("parameter '", key, "' repeated"));
       if (value.empty()) return Bad(text, absl::StrCat("parameter '", key, "' is empty"));
       if (key == "size") {
         auto size = ParseByteSize(value, "size");

@@ -10,9 +10,9 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "runtime/coherence_domain.h"
 
 namespace cxlrt::runtime {
@@ -24,12 +24,12 @@ struct PoolUri {
   // emu: the pool's name ([A-Za-z0-9._-], 1-64 chars, not starting with '.').
   // dax: the absolute path of the device.
   std::string name;
-  std::optional<uint64_t> size;                // bytes; create only (dax: at most the device)
-  std::optional<int> node;                     // emu: NUMA node of the pages
-  std::optional<CoherenceDomain> coherence;    // create only; open reads the header
-  std::optional<std::string> dir;              // emu: directory of the pool file
-  std::optional<uint32_t> mode;                // emu: file mode at creation (octal)
-  std::optional<uint32_t> hosts;               // create only: host slots, 1-1024
+  std::optional<uint64_t> size;              // bytes; create only (dax: at most the device)
+  std::optional<int> node;                   // emu: NUMA node of the pages
+  std::optional<CoherenceDomain> coherence;  // create only; open reads the header
+  std::optional<std::string> dir;            // emu: directory of the pool file
+  std::optional<uint32_t> mode;              // emu: file mode at creation (octal)
+  std::optional<uint32_t> hosts;             // create only: host slots, 1-1024
 
   // Canonical text, parameters in a fixed order ("emu://demo?size=256M").
   std::string ToString() const;

@@ -47,9 +47,8 @@ absl::Status Waiter::Pause() {
     if (absl::Status s = watch_->Check(); !s.ok()) return s;
   }
   if (now >= deadline_) {
-    return absl::DeadlineExceededError(absl::StrCat("timed out after ",
-                                                    absl::FormatDuration(now - start_),
-                                                    " waiting for ", what_));
+    return absl::DeadlineExceededError(absl::StrCat(
+        "timed out after ", absl::FormatDuration(now - start_), " waiting for ", what_));
   }
   return absl::OkStatus();
 }

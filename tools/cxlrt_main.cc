@@ -50,9 +50,11 @@ int main(int argc, char** argv) {
   attach->add_option("uri", uri, uri_help);
   attach->add_option("--slot", slot, "Host slot to take (default: $CXLRT_HOST_ID or first free)")
       ->check(CLI::Range(-1, 4095));
-  attach->add_option("--seconds", seconds, "How long to stay attached")->check(CLI::Range(0.0, 86400.0));
+  attach->add_option("--seconds", seconds, "How long to stay attached")
+      ->check(CLI::Range(0.0, 86400.0));
   attach->add_option("--interval-ms", interval_ms, "Print period")->check(CLI::Range(10, 600000));
-  CLI::App* fence = pool->add_subcommand("fence", "Fence a dead host so that its writes are ignored");
+  CLI::App* fence =
+      pool->add_subcommand("fence", "Fence a dead host so that its writes are ignored");
   fence->add_option("uri", uri, uri_help)->required();
   fence->add_option("slot", slot, "Host slot to fence")->required()->check(CLI::Range(0, 4095));
   fence->add_flag("--force", force, "Fence even when the host looks alive");

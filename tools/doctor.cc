@@ -74,18 +74,23 @@ int Doctor(bool as_json) {
     if (n.cpu_count == 0 && n.mem_total > 0) cpuless.push_back(n.id);
   }
   const bool have_cxl = !cxl.empty() || !dax.empty();
-  std::string verdict =
-      have_cxl ? absl::StrCat("CXL hardware found: use dax://", dax.empty() ? "/dev/daxX.Y"
-                                                                             : dax[0].path,
-                              " for a real pool (emulated pools still work)")
-               : absl::StrCat("no CXL device on this machine: cxlrt uses the emulated pool "
-                              "(emu://), bound to ",
-                              choice.ok() ? choice->reason : std::string("no node"));
+  std::string verdict = have_cxl
+                            ? absl::StrCat("CXL hardware found: use dax://",
+                                           dax.empty() ? "/dev/daxX.Y" : dax[0].path,
+                                           " for a real pool (emulated pools still work)")
+                            : absl::StrCat(
+                                  "no CXL device on this machine: cxlrt uses the emulated pool "
+                                  "(emu://), bound to ",
+                                  choice.ok() ? choice->reason : std::string("no node"));
 
   std::vector<std::string> flags;
-  for (auto [name, has] : {std::pair{"clflush", cpu.clflush}, {"clflushopt", cpu.clflushopt},
-                           {"clwb", cpu.clwb}, {"movdir64b", cpu.movdir64b}, {"sse4.2", cpu.sse42},
-                           {"avx2", cpu.avx2}, {"avx512f", cpu.avx512f}}) {
+  for (auto [name, has] : {std::pair{"clflush", cpu.clflush},
+                           {"clflushopt", cpu.clflushopt},
+                           {"clwb", cpu.clwb},
+                           {"movdir64b", cpu.movdir64b},
+                           {"sse4.2", cpu.sse42},
+                           {"avx2", cpu.avx2},
+                           {"avx512f", cpu.avx512f}}) {
     if (has) flags.push_back(name);
   }
 
@@ -97,8 +102,11 @@ int Doctor(bool as_json) {
     j["numa_available"] = numa;
     j["numa_nodes"] = json::array();
     for (const auto& n : nodes) {
-      json jn = {{"id", n.id}, {"cpus", n.cpulist}, {"cpu_count", n.cpu_count},
-                 {"mem_total", n.mem_total}, {"distance", n.distance}};
+      json jn = {{"id", n.id},
+                 {"cpus", n.cpulist},
+                 {"cpu_count", n.cpu_count},
+                 {"mem_total", n.mem_total},
+                 {"distance", n.distance}};
       jn["read_bandwidth_mbps"] = n.read_bandwidth_mbps ? json(*n.read_bandwidth_mbps) : json();
       jn["read_latency_ns"] = n.read_latency_ns ? json(*n.read_latency_ns) : json();
       j["numa_nodes"].push_back(jn);
@@ -107,13 +115,18 @@ int Doctor(bool as_json) {
     j["cxl_devices"] = cxl;
     j["dax_devices"] = json::array();
     for (const auto& d : dax) {
-      j["dax_devices"].push_back({{"name", d.name}, {"path", d.path}, {"size", d.size},
-                                  {"align", d.align}, {"target_node", d.target_node}});
+      j["dax_devices"].push_back({{"name", d.name},
+                                  {"path", d.path},
+                                  {"size", d.size},
+                                  {"align", d.align},
+                                  {"target_node", d.target_node}});
     }
     j["huge_pages"] = {{"thp_enabled", huge.thp_enabled}, {"thp_shmem", huge.thp_shmem},
                        {"2m_total", huge.total_2m},       {"2m_free", huge.free_2m},
                        {"1g_total", huge.total_1g},       {"1g_free", huge.free_1g}};
-    j["cuda"] = {{"toolkit", cuda.toolkit}, {"driver", cuda.driver}, {"devices", cuda.devices},
+    j["cuda"] = {{"toolkit", cuda.toolkit},
+                 {"driver", cuda.driver},
+                 {"devices", cuda.devices},
                  {"note", cuda.note}};
     j["emulation_node"] = choice.ok() ? json(choice->node) : json();
     j["cxl_present"] = have_cxl;
@@ -143,10 +156,9 @@ int Doctor(bool as_json) {
                 runtime::FormatBytes(n.mem_total).c_str(), absl::StrJoin(n.distance, " ").c_str(),
                 attrs.c_str());
   }
-  std::printf("cpu-less     %s\n",
-              cpuless.empty() ? "none" : absl::StrJoin(cpuless, ", ").c_str());
+  std::printf("cpu-less     %s\n", cpuless.empty() ? "none" : absl::StrJoin(cpuless, ", ").c_str());
   std::printf("cxl          %s\n", cxl.empty() ? "no CXL devices (/sys/bus/cxl has none)"
-                                                : absl::StrJoin(cxl, " ").c_str());
+                                               : absl::StrJoin(cxl, " ").c_str());
   if (dax.empty()) {
     std::printf("dax          no device-DAX devices\n");
   } else {
@@ -156,14 +168,14 @@ int Doctor(bool as_json) {
                   d.target_node);
     }
   }
-  std::printf("huge pages   THP anon '%s', shmem '%s'; 2 MiB pages %llu/%llu free; 1 GiB %llu/%llu\n",
-              huge.thp_enabled.c_str(), huge.thp_shmem.c_str(),
-              static_cast<unsigned long long>(huge.free_2m),
-              static_cast<unsigned long long>(huge.total_2m),
-              static_cast<unsigned long long>(huge.free_1g),
-              static_cast<unsigned long long>(huge.total_1g));
-  std::printf("cuda         toolkit %s; %s\n", cuda.toolkit.empty() ? "not found" : cuda.toolkit.c_str(),
-              cuda.note.c_str());
+  std::printf(
+      "huge pages   THP anon '%s', shmem '%s'; 2 MiB pages %llu/%llu free; 1 GiB %llu/%llu\n",
+      huge.thp_enabled.c_str(), huge.thp_shmem.c_str(),
+      static_cast<unsigned long long>(huge.free_2m), static_cast<unsigned long long>(huge.total_2m),
+      static_cast<unsigned long long>(huge.free_1g),
+      static_cast<unsigned long long>(huge.total_1g));
+  std::printf("cuda         toolkit %s; %s\n",
+              cuda.toolkit.empty() ? "not found" : cuda.toolkit.c_str(), cuda.note.c_str());
   std::printf("pool         %s\n", verdict.c_str());
   return 0;
 }

@@ -62,14 +62,15 @@ std::vector<HostSample> SampleHosts(const Pool& pool) {
   }
   bool any_attached = false;
   for (auto& [i, r] : first) any_attached |= r.state == SlotState::kAttached;
-  if (any_attached) absl::SleepFor(absl::Milliseconds(std::max(3 * std::min(longest_ms, 5000u), 250u)));
+  if (any_attached)
+    absl::SleepFor(absl::Milliseconds(std::max(3 * std::min(longest_ms, 5000u), 250u)));
   std::vector<HostSample> out;
   for (auto& [i, before] : first) {
     auto r = pool.ReadHost(i);
     HostSample s;
     s.record = r.ok() ? *r : before;
-    s.beating = r.ok() && r->owner_current && r->epoch == before.epoch &&
-                r->heartbeat != before.heartbeat;
+    s.beating =
+        r.ok() && r->owner_current && r->epoch == before.epoch && r->heartbeat != before.heartbeat;
     out.push_back(s);
   }
   return out;
@@ -77,8 +78,11 @@ std::vector<HostSample> SampleHosts(const Pool& pool) {
 
 json HostJson(const HostSample& s) {
   const HostRecord& r = s.record;
-  json j = {{"slot", r.slot}, {"state", StateName(r.state)}, {"epoch", r.epoch},
-            {"changed_by", r.changed_by}, {"owner_current", r.owner_current}};
+  json j = {{"slot", r.slot},
+            {"state", StateName(r.state)},
+            {"epoch", r.epoch},
+            {"changed_by", r.changed_by},
+            {"owner_current", r.owner_current}};
   if (r.owner_current) {
     j["pid"] = r.pid;
     j["hostname"] = r.hostname;
@@ -97,8 +101,8 @@ int PoolCreate(const std::string& uri) {
   auto pool = Pool::Create(uri);
   if (!pool.ok()) return Fail(pool.status());
   const auto& info = (*pool)->backend().info();
-  std::printf("created %s: %s, coherence %s, %u host slots, at %s (%s)\n",
-              (*pool)->name().c_str(), FormatBytes((*pool)->size()).c_str(),
+  std::printf("created %s: %s, coherence %s, %u host slots, at %s (%s)\n", (*pool)->name().c_str(),
+              FormatBytes((*pool)->size()).c_str(),
               std::string(runtime::CoherenceDomainName((*pool)->domain())).c_str(),
               (*pool)->host_slots(), info.path.c_str(), info.placement.c_str());
   return 0;
@@ -119,9 +123,13 @@ int PoolInfo(const std::string& uri, bool as_json) {
     j["uri"] = pool.name();
     j["size"] = pool.size();
     j["coherence"] = std::string(runtime::CoherenceDomainName(pool.domain()));
-    j["backend"] = {{"kind", b.kind}, {"path", b.path}, {"numa_node", b.numa_node},
-                    {"placement", b.placement}, {"huge_pages", b.huge_pages},
-                    {"alignment", b.alignment}, {"granularity", b.granularity}};
+    j["backend"] = {{"kind", b.kind},
+                    {"path", b.path},
+                    {"numa_node", b.numa_node},
+                    {"placement", b.placement},
+                    {"huge_pages", b.huge_pages},
+                    {"alignment", b.alignment},
+                    {"granularity", b.granularity}};
     j["format"] = {{"version", h.format_version},
                    {"creation_id", Hex(h.creation_id)},
                    {"created_at", absl::FormatTime(absl::FromUnixNanos(h.created_unix_ns))},
@@ -137,8 +145,11 @@ int PoolInfo(const std::string& uri, bool as_json) {
     for (const auto& s : hosts) j["hosts"].push_back(HostJson(s));
     j["regions"] = json::array();
     for (const auto& r : *regions) {
-      j["regions"].push_back({{"index", r.index}, {"name", r.name}, {"offset", r.offset},
-                              {"size", r.size}, {"owner_host", r.owner_host},
+      j["regions"].push_back({{"index", r.index},
+                              {"name", r.name},
+                              {"offset", r.offset},
+                              {"size", r.size},
+                              {"owner_host", r.owner_host},
                               {"generation", r.generation}});
     }
     std::printf("%s\n", j.dump(2).c_str());
@@ -152,7 +163,8 @@ int PoolInfo(const std::string& uri, bool as_json) {
               b.placement.c_str());
   std::printf("  size        %s (heap %s from offset %s)\n", FormatBytes(pool.size()).c_str(),
               FormatBytes(h.heap_size).c_str(), Hex(h.heap_offset).c_str());
-  std::printf("  coherence   %s\n", std::string(runtime::CoherenceDomainName(pool.domain())).c_str());
+  std::printf("  coherence   %s\n",
+              std::string(runtime::CoherenceDomainName(pool.domain())).c_str());
   std::printf("  format      v%u, creation id %s, created %s\n", h.format_version,
               Hex(h.creation_id).c_str(),
               absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixNanos(h.created_unix_ns),

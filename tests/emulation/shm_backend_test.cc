@@ -14,10 +14,10 @@
 namespace cxlrt::emulation {
 namespace {
 
-using runtime::ChooseEmulationNode;
-using runtime::NumaNode;
 using ::cxlrt::testing::PoolUri;
 using ::cxlrt::testing::TempDir;
+using runtime::ChooseEmulationNode;
+using runtime::NumaNode;
 
 NumaNode Node(int id, int cpus, uint64_t mem, std::vector<int> distance) {
   NumaNode n;
@@ -37,19 +37,20 @@ TEST(NodeChoiceTest, OneNodeMachinesUseNodeZeroAndSaySo) {
 }
 
 TEST(NodeChoiceTest, ACpulessNodeStandsInForTheCxlDevice) {
-  auto c = ChooseEmulationNode(
-      {Node(0, 4, 1 << 30, {10, 20, 30}), Node(1, 4, 1 << 30, {20, 10, 30}),
-       Node(2, 0, 1 << 30, {30, 30, 10})},
-      std::nullopt, 0);
+  auto c =
+      ChooseEmulationNode({Node(0, 4, 1 << 30, {10, 20, 30}), Node(1, 4, 1 << 30, {20, 10, 30}),
+                           Node(2, 0, 1 << 30, {30, 30, 10})},
+                          std::nullopt, 0);
   CXLRT_ASSERT_OK(c);
   EXPECT_EQ(c->node, 2);
   EXPECT_NE(c->reason.find("CPU-less"), std::string::npos);
 }
 
 TEST(NodeChoiceTest, WithoutACpulessNodeTheFarthestNodeIsUsed) {
-  auto c = ChooseEmulationNode({Node(0, 4, 1 << 30, {10, 21, 31}), Node(1, 4, 1 << 30, {21, 10, 21}),
-                                Node(2, 4, 1 << 30, {31, 21, 10})},
-                               std::nullopt, 0);
+  auto c =
+      ChooseEmulationNode({Node(0, 4, 1 << 30, {10, 21, 31}), Node(1, 4, 1 << 30, {21, 10, 21}),
+                           Node(2, 4, 1 << 30, {31, 21, 10})},
+                          std::nullopt, 0);
   CXLRT_ASSERT_OK(c);
   EXPECT_EQ(c->node, 2);
   EXPECT_NE(c->reason.find("farthest"), std::string::npos);
@@ -81,7 +82,8 @@ TEST(TopologyTest, ReadsNodesFromSysfs) {
     std::ofstream(root.path() + rel) << text;
   };
   write("/devices/system/node/node0/cpulist", "0-3\n");
-  write("/devices/system/node/node0/meminfo", "Node 0 MemTotal:       1024 kB\nNode 0 MemFree: 1 kB\n");
+  write("/devices/system/node/node0/meminfo",
+        "Node 0 MemTotal:       1024 kB\nNode 0 MemFree: 1 kB\n");
   write("/devices/system/node/node0/distance", "10 20\n");
   write("/devices/system/node/node1/cpulist", "\n");
   write("/devices/system/node/node1/meminfo", "Node 1 MemTotal:       2048 kB\n");

@@ -133,7 +133,8 @@ TEST_P(CoherenceTest, DataPublishedBeforeAFlagIsSeenByAnotherProcess) {
     for (size_t i = 0; i < kBytes; ++i) buf[i] = static_cast<uint8_t>(round + i);
     c.Publish(data, buf.data(), kBytes);
     c.StoreFlag(flag, round);
-    CXLRT_ASSERT_OK(c.WaitFlag(flag + kWriterSeparation * 40, round, absl::Now() + absl::Seconds(20)));
+    CXLRT_ASSERT_OK(
+        c.WaitFlag(flag + kWriterSeparation * 40, round, absl::Now() + absl::Seconds(20)));
   }
   EXPECT_EQ(WaitExit(consumer), 0) << "2 open, 3 timeout, 4 stale or wrong data";
 }

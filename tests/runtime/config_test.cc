@@ -27,10 +27,14 @@ TEST(ConfigTest, DefaultsWhenNothingIsSet) {
 }
 
 TEST(ConfigTest, ReadsEveryVariable) {
-  auto c = Parse({{"CXLRT_POOL", "emu://x?size=8M"}, {"CXLRT_HOST_ID", "3"},
-                  {"CXLRT_LEASE_MS", "500"}, {"CXLRT_HEARTBEAT_MS", "50"},
-                  {"CXLRT_LOCK_TIMEOUT_MS", "100"}, {"CXLRT_WAIT_SPINS", "0"},
-                  {"CXLRT_SHM_DIR", "/tmp"}, {"CXLRT_LOG_LEVEL", "debug"}});
+  auto c = Parse({{"CXLRT_POOL", "emu://x?size=8M"},
+                  {"CXLRT_HOST_ID", "3"},
+                  {"CXLRT_LEASE_MS", "500"},
+                  {"CXLRT_HEARTBEAT_MS", "50"},
+                  {"CXLRT_LOCK_TIMEOUT_MS", "100"},
+                  {"CXLRT_WAIT_SPINS", "0"},
+                  {"CXLRT_SHM_DIR", "/tmp"},
+                  {"CXLRT_LOG_LEVEL", "debug"}});
   CXLRT_ASSERT_OK(c);
   EXPECT_EQ(c->pool, "emu://x?size=8M");
   EXPECT_EQ(c->host_id, 3);

@@ -76,8 +76,27 @@ absl::StatusOr<absl::Duration> AwaitLiveness(Membership& m, uint32_t slot, Liven
     if (v->liveness == want) return absl::Now() - start;
     absl::SleepFor(absl::Milliseconds(5));
   }
-  return absl::DeadlineExceededError(absl::StrCat("slot ", slot, " never became ",
-                                                  LivenessName(want)));
+  return absl::DeadlineExceededError(
+      absl::StrCat("slot ", slot, " never became ", LivenessName(want)));
+}
+
+// Forks a host that attaches as slot 0, takes the pool lock, says so on
+// `ready`, holds the lock for `hold`, and then returns `after(membership)`.
+pid_t SpawnLockHolder(
+    const std::string& uri, Channel& ready, absl::Duration hold,
+    const std::function<int(Membership&)>& after = [](Membership&) { return 0; }) {
+  return Spawn([&] {
+    auto pool = Pool::Open(uri);
+    if (!pool.ok()) return 1;
+    auto m = Membership::Attach(**pool, Fast(0));
+    if (!m.ok()) return 1;
+    (void)(*m)->WithPoolLock([&] {
+      ready.Send(0);
+      absl::SleepFor(hold);
+      return absl::OkStatus();
+    });
+    return after(**m);
+  });
 }
 
 void HostsSeeEachOther(const std::string& uri, int n) {
@@ -221,8 +240,8 @@ TEST_P(MembershipTest, ASlotIsNeverGivenToTwoLiveHosts) {
       if (!pool.ok()) return 2;
       // Oracle outside the protocol: one word per slot in the heap, claimed
       // with a real CAS (all emulated hosts share one coherent box).
-      auto* owners = reinterpret_cast<uint64_t*>((*pool)->backend().base() +
-                                                 (*pool)->header().heap_offset);
+      auto* owners =
+          reinterpret_cast<uint64_t*>((*pool)->backend().base() + (*pool)->header().heap_offset);
       std::mt19937 rng(k);
       int done = 0;
       const absl::Time end = absl::Now() + absl::Seconds(60);
@@ -293,17 +312,7 @@ TEST_P(MembershipTest, PoolLockGivesMutualExclusionUnderContention) {
 TEST_P(MembershipTest, AHostKilledHoldingThePoolLockDoesNotBlockOthers) {
   const std::string uri = MakePool();
   Channel ready;
-  pid_t holder = Spawn([&] {
-    auto pool = Pool::Open(uri);
-    auto m = Membership::Attach(**pool, Fast(0));
-    if (!m.ok()) return 1;
-    (void)(*m)->WithPoolLock([&] {
-      ready.Send(0);
-      absl::SleepFor(absl::Seconds(60));
-      return absl::OkStatus();
-    });
-    return 0;
-  });
+  pid_t holder = SpawnLockHolder(uri, ready, absl::Seconds(60));
   ASSERT_EQ(ready.Receive(), 0);
   kill(holder, SIGKILL);
   EXPECT_EQ(WaitExit(holder), 128 + SIGKILL);
@@ -323,18 +332,11 @@ TEST_P(MembershipTest, AHostKilledHoldingThePoolLockDoesNotBlockOthers) {
 TEST_P(MembershipTest, AStalledLockHolderIsBrokenAfterItsLeaseAndFenced) {
   const std::string uri = MakePool();
   Channel ready;
-  pid_t holder = Spawn([&] {
-    auto pool = Pool::Open(uri);
-    auto m = Membership::Attach(**pool, Fast(0));
-    if (!m.ok()) return 1;
-    (void)(*m)->WithPoolLock([&] {
-      ready.Send(0);
-      absl::SleepFor(absl::Milliseconds(300));  // SIGSTOPped in here
-      return absl::OkStatus();
-    });
+  // SIGSTOPped while it holds the lock; afterwards it must learn it was fenced.
+  pid_t holder = SpawnLockHolder(uri, ready, absl::Milliseconds(300), [](Membership& m) {
     const absl::Time end = absl::Now() + absl::Seconds(20);
-    while (!(*m)->fenced() && absl::Now() < end) absl::SleepFor(absl::Milliseconds(5));
-    return (*m)->fenced() ? 0 : 2;
+    while (!m.fenced() && absl::Now() < end) absl::SleepFor(absl::Milliseconds(5));
+    return m.fenced() ? 0 : 2;
   });
   ASSERT_EQ(ready.Receive(), 0);
   kill(holder, SIGSTOP);
@@ -354,17 +356,7 @@ TEST_P(MembershipTest, AStalledLockHolderIsBrokenAfterItsLeaseAndFenced) {
 TEST_P(MembershipTest, ALiveHolderMakesOthersTimeOutNamingIt) {
   const std::string uri = MakePool();
   Channel ready;
-  pid_t holder = Spawn([&] {
-    auto pool = Pool::Open(uri);
-    auto m = Membership::Attach(**pool, Fast(0));
-    if (!m.ok()) return 1;
-    (void)(*m)->WithPoolLock([&] {
-      ready.Send(0);
-      absl::SleepFor(absl::Seconds(3));
-      return absl::OkStatus();
-    });
-    return 0;
-  });
+  pid_t holder = SpawnLockHolder(uri, ready, absl::Seconds(3));
   ASSERT_EQ(ready.Receive(), 0);
   {
     auto pool = Pool::Open(uri);

@@ -21,9 +21,7 @@ using ::cxlrt::testing::Spawn;
 using ::cxlrt::testing::TempDir;
 using ::cxlrt::testing::WaitExit;
 
-std::string FileOf(const std::string& uri) {
-  return emulation::ShmPoolPath(*ParsePoolUri(uri));
-}
+std::string FileOf(const std::string& uri) { return emulation::ShmPoolPath(*ParsePoolUri(uri)); }
 
 // Reads, edits and writes back bytes of a pool file behind the runtime's back.
 class PoolFile {

@@ -8,7 +8,8 @@ namespace cxlrt::runtime {
 namespace {
 
 TEST(UriTest, ParsesEveryEmuParameter) {
-  auto uri = ParsePoolUri("emu://job1?size=4G&node=1&coherence=software&dir=/tmp/x&mode=0660&hosts=8");
+  auto uri =
+      ParsePoolUri("emu://job1?size=4G&node=1&coherence=software&dir=/tmp/x&mode=0660&hosts=8");
   CXLRT_ASSERT_OK(uri);
   EXPECT_EQ(uri->scheme, PoolScheme::kEmu);
   EXPECT_EQ(uri->name, "job1");
@@ -22,7 +23,8 @@ TEST(UriTest, ParsesEveryEmuParameter) {
 }
 
 TEST(UriTest, CanonicalTextParsesBackToTheSameUri) {
-  const char* text = "emu://a.b-c_d?size=268435456&node=0&coherence=simulated&dir=/d&mode=0600&hosts=3";
+  const char* text =
+      "emu://a.b-c_d?size=268435456&node=0&coherence=simulated&dir=/d&mode=0600&hosts=3";
   auto uri = ParsePoolUri(text);
   CXLRT_ASSERT_OK(uri);
   EXPECT_EQ(uri->ToString(), text);
@@ -63,30 +65,26 @@ TEST_P(BadUriTest, IsInvalidArgumentNamingTheBadPart) {
 
 INSTANTIATE_TEST_SUITE_P(
     Uris, BadUriTest,
-    ::testing::Values(BadUri{"", "no scheme"}, BadUri{"demo", "no scheme"},
-                      BadUri{"nfs://x", "unknown scheme 'nfs'"}, BadUri{"emu://", "pool name ''"},
-                      BadUri{"emu://.hidden", "pool name '.hidden'"},
-                      BadUri{"emu://a/b", "pool name 'a/b'"},
-                      BadUri{"emu://x?size=", "parameter 'size' is empty"},
-                      BadUri{"emu://x?size=4Q", "unknown suffix 'Q'"},
-                      BadUri{"emu://x?size=0", "size must be above 0"},
-                      BadUri{"emu://x?size=99999999999T", "overflows"},
-                      BadUri{"emu://x?size=-1", "is not a byte count"},
-                      BadUri{"emu://x?sise=4G", "unknown parameter 'sise'"},
-                      BadUri{"emu://x?size=4G&size=8G", "parameter 'size' repeated"},
-                      BadUri{"emu://x?size", "parameter 'size' has no value"},
-                      BadUri{"emu://x?size=4G&", "stray '&'"},
-                      BadUri{"emu://x?node=-1", "node '-1'"},
-                      BadUri{"emu://x?node=one", "node 'one'"},
-                      BadUri{"emu://x?coherence=weak", "coherence 'weak'"},
-                      BadUri{"emu://x?dir=relative", "dir 'relative' is not absolute"},
-                      BadUri{"emu://x?mode=0400", "mode '0400'"},
-                      BadUri{"emu://x?mode=0999", "mode '0999'"},
-                      BadUri{"emu://x?hosts=0", "hosts '0'"},
-                      BadUri{"emu://x?hosts=5000", "hosts '5000'"},
-                      BadUri{"emu://x?dir=%zz", "%-escape"},
-                      BadUri{"dax://dev/dax0.0", "absolute device path"},
-                      BadUri{"dax:///dev/dax0.0?node=1", "unknown parameter 'node'"}));
+    ::testing::Values(
+        BadUri{"", "no scheme"}, BadUri{"demo", "no scheme"},
+        BadUri{"nfs://x", "unknown scheme 'nfs'"}, BadUri{"emu://", "pool name ''"},
+        BadUri{"emu://.hidden", "pool name '.hidden'"}, BadUri{"emu://a/b", "pool name 'a/b'"},
+        BadUri{"emu://x?size=", "parameter 'size' is empty"},
+        BadUri{"emu://x?size=4Q", "unknown suffix 'Q'"},
+        BadUri{"emu://x?size=0", "size must be above 0"},
+        BadUri{"emu://x?size=99999999999T", "overflows"},
+        BadUri{"emu://x?size=-1", "is not a byte count"},
+        BadUri{"emu://x?sise=4G", "unknown parameter 'sise'"},
+        BadUri{"emu://x?size=4G&size=8G", "parameter 'size' repeated"},
+        BadUri{"emu://x?size", "parameter 'size' has no value"},
+        BadUri{"emu://x?size=4G&", "stray '&'"}, BadUri{"emu://x?node=-1", "node '-1'"},
+        BadUri{"emu://x?node=one", "node 'one'"},
+        BadUri{"emu://x?coherence=weak", "coherence 'weak'"},
+        BadUri{"emu://x?dir=relative", "dir 'relative' is not absolute"},
+        BadUri{"emu://x?mode=0400", "mode '0400'"}, BadUri{"emu://x?mode=0999", "mode '0999'"},
+        BadUri{"emu://x?hosts=0", "hosts '0'"}, BadUri{"emu://x?hosts=5000", "hosts '5000'"},
+        BadUri{"emu://x?dir=%zz", "%-escape"}, BadUri{"dax://dev/dax0.0", "absolute device path"},
+        BadUri{"dax:///dev/dax0.0?node=1", "unknown parameter 'node'"}));
 
 TEST(UnitsTest, ParsesSuffixes) {
   EXPECT_EQ(*ParseByteSize("4096"), 4096u);

@@ -38,26 +38,26 @@ const absl::Status& GetStatus(const absl::StatusOr<T>& s) {
   return s.status();
 }
 
-#define CXLRT_ASSERT_OK(expr)                                                        \
-  do {                                                                               \
-    const auto& cxlrt_s_ = (expr);                                                   \
-    ASSERT_TRUE(::cxlrt::testing::GetStatus(cxlrt_s_).ok())                          \
-        << #expr << " failed: " << ::cxlrt::testing::StatusText(cxlrt_s_);          \
+#define CXLRT_ASSERT_OK(expr)                                              \
+  do {                                                                     \
+    const auto& cxlrt_s_ = (expr);                                         \
+    ASSERT_TRUE(::cxlrt::testing::GetStatus(cxlrt_s_).ok())                \
+        << #expr << " failed: " << ::cxlrt::testing::StatusText(cxlrt_s_); \
   } while (0)
-#define CXLRT_EXPECT_OK(expr)                                                        \
-  do {                                                                               \
-    const auto& cxlrt_s_ = (expr);                                                   \
-    EXPECT_TRUE(::cxlrt::testing::GetStatus(cxlrt_s_).ok())                          \
-        << #expr << " failed: " << ::cxlrt::testing::StatusText(cxlrt_s_);          \
+#define CXLRT_EXPECT_OK(expr)                                              \
+  do {                                                                     \
+    const auto& cxlrt_s_ = (expr);                                         \
+    EXPECT_TRUE(::cxlrt::testing::GetStatus(cxlrt_s_).ok())                \
+        << #expr << " failed: " << ::cxlrt::testing::StatusText(cxlrt_s_); \
   } while (0)
 
 // Expects `expr` to fail with `code` and a message containing `substr`.
 #define CXLRT_EXPECT_ERROR(expr, want_code, want_substr)                              \
-  do {                                                                               \
-    const auto& cxlrt_s_ = (expr);                                                   \
-    const absl::Status& cxlrt_st_ = ::cxlrt::testing::GetStatus(cxlrt_s_);          \
-    EXPECT_EQ(cxlrt_st_.code(), (want_code)) << cxlrt_st_;                           \
-    EXPECT_NE(std::string(cxlrt_st_.message()).find(want_substr), std::string::npos) \
+  do {                                                                                \
+    const auto& cxlrt_s_ = (expr);                                                    \
+    const absl::Status& cxlrt_st_ = ::cxlrt::testing::GetStatus(cxlrt_s_);            \
+    EXPECT_EQ(cxlrt_st_.code(), (want_code)) << cxlrt_st_;                            \
+    EXPECT_NE(std::string(cxlrt_st_.message()).find(want_substr), std::string::npos)  \
         << "message '" << cxlrt_st_.message() << "' lacks '" << (want_substr) << "'"; \
   } while (0)
 
@@ -84,8 +84,8 @@ class TempDir {
 inline std::string PoolUri(const TempDir& dir, const std::string& extra = "",
                            const std::string& size = "8M") {
   static std::atomic<int> counter{0};
-  std::string uri = absl::StrCat("emu://t", getpid(), "-", counter++, "?size=", size,
-                                 "&dir=", dir.path());
+  std::string uri =
+      absl::StrCat("emu://t", getpid(), "-", counter++, "?size=", size, "&dir=", dir.path());
   if (!extra.empty()) absl::StrAppend(&uri, "&", extra);
   return uri;
 }

@@ -105,8 +105,8 @@ TEST(CliTest, TwoAttachedHostsShowInInfo) {
   const std::string create = PoolUri(dir, "", "16M");
   ASSERT_EQ(Cxlrt("pool create " + Quote(create)).code, 0);
   const std::string uri = OpenUri(create);
-  std::string cmd = std::string(CXLRT_BIN) + " pool attach " + Quote(uri) +
-                    " --seconds 3 --interval-ms 200";
+  std::string cmd =
+      std::string(CXLRT_BIN) + " pool attach " + Quote(uri) + " --seconds 3 --interval-ms 200";
   FILE* a = popen(cmd.c_str(), "r");
   FILE* b = popen(cmd.c_str(), "r");
   absl::SleepFor(absl::Milliseconds(600));
@@ -164,8 +164,8 @@ TEST(CliTest, WrongArgumentsPrintUsageAndExitTwo) {
 
 TEST(CliTest, ABadEnvironmentVariableIsAClearError) {
   Result r = Cxlrt("doctor");
-  Result bad = Cxlrt("doctor 2>&1 </dev/null; CXLRT_LEASE_MS=soon " + std::string(CXLRT_BIN) +
-                   " doctor");
+  Result bad =
+      Cxlrt("doctor 2>&1 </dev/null; CXLRT_LEASE_MS=soon " + std::string(CXLRT_BIN) + " doctor");
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_NE(bad.out.find("CXLRT_LEASE_MS='soon'"), std::string::npos) << bad.out;
 }
