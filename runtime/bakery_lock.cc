@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/fault.h"
 #include "runtime/status_macros.h"
 
 namespace cxlrt::runtime {
@@ -23,6 +24,7 @@ absl::Status BakeryLock::Lock(absl::Time deadline, WaitWatch* watch) {
   const uint32_t n = pool_.host_slots();
   // Doorway: announce choosing, take a number above every number seen.
   SetTicket(1);
+  CXLRT_FAULT_POINT("bakery.after_choosing");
   uint64_t max_number = 0;
   for (uint32_t j = 0; j < n; ++j) {
     if (j != self_) max_number = std::max(max_number, Number(Ticket(j)));
@@ -61,6 +63,7 @@ absl::Status BakeryLock::Lock(absl::Time deadline, WaitWatch* watch) {
     }
     if (dead) skipped_.push_back(j);
   }
+  CXLRT_FAULT_POINT("bakery.locked");
   return absl::OkStatus();
 }
 

@@ -28,6 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/coherence_domain.h"
+#include "runtime/fault.h"
 #include "runtime/wait.h"
 
 namespace cxlrt::runtime {
@@ -74,6 +75,7 @@ class Coherence {
   void Publish(PoolOffset dst, const void* src, size_t n) {
     Write(dst, src, n);
     Flush(dst, n);
+    CXLRT_FAULT_POINT_AFTER_WRITE("coherence.publish", this, dst, n);
   }
   // Invalidate + Read: the bytes as last published by their writer.
   void Fetch(void* dst, PoolOffset src, size_t n) {

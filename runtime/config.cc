@@ -4,6 +4,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "runtime/fault.h"
 
 namespace cxlrt::runtime {
 namespace {
@@ -11,8 +12,10 @@ namespace {
 constexpr ConfigVar kTable[] = {
     {"CXLRT_POOL", "emu://cxlrt?size=1G", "Pool URI used by `cxlrt` commands when none is given."},
     {"CXLRT_HOST_ID", "-1",
-     "Host slot to attach as (0 to hosts-1); -1 takes the first free slot. "
-     "Required to be distinct per machine when several machines share a dax pool."},
+     "Id of this (emulated) host; its processes attach in host slots [id*k, id*k+k) with k = "
+     "CXLRT_SLOTS_PER_HOST. -1: any free slot. Give each machine its own id when several "
+     "machines share a dax pool; `cxlrt run` sets it."},
+    {"CXLRT_SLOTS_PER_HOST", "8", "Host slots reserved for each CXLRT_HOST_ID."},
     {"CXLRT_LEASE_MS", "2000",
      "Lease of this host: others declare it dead when its heartbeat stops for this long."},
     {"CXLRT_HEARTBEAT_MS", "100", "Period of this host's heartbeat (must be < lease / 2)."},
@@ -20,6 +23,7 @@ constexpr ConfigVar kTable[] = {
     {"CXLRT_WAIT_SPINS", "2000", "Spin iterations of a wait before it yields and then sleeps."},
     {"CXLRT_SHM_DIR", "/dev/shm", "Directory of emulated pool files when the URI has no dir=."},
     {"CXLRT_LOG_LEVEL", "warning", "error, warning, info or debug."},
+    {"CXLRT_FAULT", "", "Fault points to fire: point:action[:count],... (docs/faults.md)."},
 };
 
 absl::Status ParseUint(const char* name, const char* value, uint32_t lo, uint32_t hi,
@@ -61,11 +65,16 @@ absl::StatusOr<Config> ParseConfig(const std::function<const char*(const char*)>
   if (const char* v = getenv("CXLRT_POOL"); v && *v) c.pool = v;
   if (const char* v = getenv("CXLRT_HOST_ID"); v && *v) {
     int id = 0;
-    if (!absl::SimpleAtoi(v, &id) || id < -1 || id > 4095) {
+    if (!absl::SimpleAtoi(v, &id) || id < -1 || id > 1023) {
       return absl::InvalidArgumentError(
-          absl::StrCat("CXLRT_HOST_ID='", v, "' is not -1 or a host slot in [0, 4095]"));
+          absl::StrCat("CXLRT_HOST_ID='", v, "' is not -1 or a host id in [0, 1023]"));
     }
     c.host_id = id;
+  }
+  if (const char* v = getenv("CXLRT_SLOTS_PER_HOST"); v && *v) {
+    if (auto s = ParseUint("CXLRT_SLOTS_PER_HOST", v, 1, 1024, &c.slots_per_host); !s.ok()) {
+      return s;
+    }
   }
   if (const char* v = getenv("CXLRT_LEASE_MS"); v && *v) {
     if (auto s = ParseUint("CXLRT_LEASE_MS", v, 10, 3600000, &c.lease_ms); !s.ok()) return s;
@@ -96,6 +105,12 @@ absl::StatusOr<Config> ParseConfig(const std::function<const char*(const char*)>
           absl::StrCat("CXLRT_LOG_LEVEL='", s, "' is not one of error, warning, info, debug"));
     }
     c.log_level = s;
+  }
+  if (const char* v = getenv("CXLRT_FAULT"); v && *v) {
+    if (auto rules = ParseFaultSpec(v); !rules.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("CXLRT_FAULT: ", rules.status().message()));
+    }
+    c.fault = v;
   }
   return c;
 }

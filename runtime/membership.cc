@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "runtime/config.h"
+#include "runtime/fault.h"
 #include "runtime/log.h"
 #include "runtime/status_macros.h"
 
@@ -142,8 +143,20 @@ absl::StatusOr<std::unique_ptr<Membership>> Membership::Attach(Pool& pool,
                                                    "lease ",
                                                    absl::FormatDuration(lease)));
   }
-  std::optional<uint32_t> wanted = options.slot;
-  if (!wanted && config.host_id >= 0) wanted = static_cast<uint32_t>(config.host_id);
+  const std::optional<uint32_t> wanted = options.slot;
+  const int host_id = options.host_id.value_or(config.host_id);
+  const uint32_t per_host = options.slots_per_host.value_or(config.slots_per_host);
+  uint32_t first = 0, end = pool.host_slots();
+  if (host_id >= 0 && !wanted) {
+    first = static_cast<uint32_t>(host_id) * per_host;
+    end = std::min<uint64_t>(uint64_t{first} + per_host, pool.host_slots());
+    if (first >= pool.host_slots()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "host id ", host_id, " needs slots [", first, ", ", uint64_t{first} + per_host, ") but ",
+          pool.name(), " has ", pool.host_slots(), " (lower CXLRT_SLOTS_PER_HOST or create the "
+          "pool with more hosts=)"));
+    }
+  }
 
   auto try_slot = [&](uint32_t i,
                       bool explicit_slot) -> absl::StatusOr<std::unique_ptr<Membership>> {
@@ -168,7 +181,7 @@ absl::StatusOr<std::unique_ptr<Membership>> Membership::Attach(Pool& pool,
     return try_slot(*wanted, true);
   }
   int attached = 0, fenced = 0;
-  for (uint32_t i = 0; i < pool.host_slots(); ++i) {
+  for (uint32_t i = first; i < end; ++i) {
     CXLRT_ASSIGN_OR_RETURN(HostRecord r, pool.ReadHost(i));
     if (r.state != SlotState::kFree) {
       (r.state == SlotState::kFenced ? fenced : attached)++;
@@ -177,9 +190,10 @@ absl::StatusOr<std::unique_ptr<Membership>> Membership::Attach(Pool& pool,
     CXLRT_ASSIGN_OR_RETURN(std::unique_ptr<Membership> m, try_slot(i, false));
     if (m) return m;
   }
-  return absl::ResourceExhaustedError(absl::StrCat("all ", pool.host_slots(), " host slots of ",
-                                                   pool.name(), " are taken (", attached,
-                                                   " attached, ", fenced, " fenced)"));
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "all ", end - first, " host slots of ", pool.name(),
+      host_id >= 0 ? absl::StrCat(" for host id ", host_id, " [", first, ", ", end, ")") : "",
+      " are taken (", attached, " attached, ", fenced, " fenced)"));
 }
 
 void Membership::WriteOwnerLine(uint64_t epoch) {
@@ -215,6 +229,7 @@ absl::Status Membership::Claim(bool explicit_slot) {
   std::lock_guard<std::mutex> guard(lock_mu_);
   CXLRT_RETURN_IF_ERROR(lock_->Lock(absl::Now() + lock_timeout_));
   auto unlock = [this] { lock_->Unlock(); };
+  CXLRT_FAULT_POINT("membership.claim.locked");
   auto r = pool_.ReadHost(slot_);
   if (!r.ok()) {
     unlock();
@@ -252,6 +267,7 @@ absl::Status Membership::Claim(bool explicit_slot) {
   }
   epoch_ = r->epoch + 1;
   WriteControl(slot_, epoch_, SlotState::kAttached, static_cast<uint32_t>(getpid()));
+  CXLRT_FAULT_POINT("membership.claim.after_control");
   WriteOwnerLine(epoch_);
   attached_ = true;
   // Break the tickets of dead participants: fence the attached ones.
@@ -302,6 +318,7 @@ absl::Status Membership::Detach() {
         fenced_ = true;
         return CheckSelf();
       }
+      CXLRT_FAULT_POINT("membership.detach.locked");
       WriteControl(slot_, epoch_ + 1, SlotState::kFree, 0);
       return absl::OkStatus();
     });
@@ -332,6 +349,7 @@ void Membership::HeartbeatLoop() {
   const uint64_t base = c.LoadFlag(hb);  // never count backwards across incarnations
   std::unique_lock<std::mutex> lock(hb_mu_);
   while (!hb_stop_) {
+    CXLRT_FAULT_POINT("membership.heartbeat");
     c.StoreFlag(hb, base + beats_.fetch_add(1) + 1);
     lock.unlock();
     if (attached_.load()) {
@@ -445,6 +463,7 @@ absl::Status Membership::Fence(uint32_t slot, bool force) {
                                                         " changed while being fenced (epoch ",
                                                         v.record.epoch, " -> ", r.epoch, ")"));
     }
+    CXLRT_FAULT_POINT("membership.fence.locked");
     WriteControl(slot, r.epoch + 1, SlotState::kFenced, r.owner_pid);
     CXLRT_LOG(kInfo) << "fenced " << Describe(v.record) << " at epoch " << r.epoch + 1;
     return absl::OkStatus();

@@ -40,9 +40,14 @@
 namespace cxlrt::runtime {
 
 struct AttachOptions {
-  // Slot to attach as; nullopt: CXLRT_HOST_ID, whose default -1 takes the
-  // first free slot.
+  // Slot to attach as. nullopt: the first free slot, among those of
+  // `host_id` when it is set.
   std::optional<uint32_t> slot;
+  // This process's host (machine, or emulated host): its processes take
+  // slots [host_id * slots_per_host, +slots_per_host). nullopt:
+  // CXLRT_HOST_ID / CXLRT_SLOTS_PER_HOST; -1: any free slot.
+  std::optional<int> host_id;
+  std::optional<uint32_t> slots_per_host;
   // nullopt: CXLRT_LEASE_MS, CXLRT_HEARTBEAT_MS, CXLRT_LOCK_TIMEOUT_MS.
   std::optional<absl::Duration> lease;
   std::optional<absl::Duration> heartbeat;

@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "runtime/checksum.h"
 #include "runtime/config.h"
+#include "runtime/fault.h"
 #include "runtime/log.h"
 #include "runtime/status_macros.h"
 #include "runtime/units.h"
@@ -278,6 +279,7 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(absl::string_view uri_text) {
   PoolHeaderLayout body = h;
   body.magic = 0;
   c.Publish(0, &body, sizeof(body));
+  CXLRT_FAULT_POINT_AFTER_WRITE("pool.create.before_magic", &c, 0, sizeof(body));
   c.Publish(0, &h.magic, sizeof(h.magic));
   CXLRT_LOG(kInfo) << "created " << uri.Identity() << " (" << FormatBytes(size) << ", "
                    << CoherenceDomainName(domain) << ", " << hosts << " host slots)";

@@ -28,7 +28,8 @@ TEST(ConfigTest, DefaultsWhenNothingIsSet) {
 
 TEST(ConfigTest, ReadsEveryVariable) {
   auto c = Parse({{"CXLRT_POOL", "emu://x?size=8M"},
-                  {"CXLRT_HOST_ID", "3"},
+                  {"CXLRT_HOST_ID", "3"}, {"CXLRT_SLOTS_PER_HOST", "4"},
+                  {"CXLRT_FAULT", "pool.create.before_magic:crash"},
                   {"CXLRT_LEASE_MS", "500"},
                   {"CXLRT_HEARTBEAT_MS", "50"},
                   {"CXLRT_LOCK_TIMEOUT_MS", "100"},
@@ -38,6 +39,8 @@ TEST(ConfigTest, ReadsEveryVariable) {
   CXLRT_ASSERT_OK(c);
   EXPECT_EQ(c->pool, "emu://x?size=8M");
   EXPECT_EQ(c->host_id, 3);
+  EXPECT_EQ(c->slots_per_host, 4u);
+  EXPECT_EQ(c->fault, "pool.create.before_magic:crash");
   EXPECT_EQ(c->lease_ms, 500u);
   EXPECT_EQ(c->heartbeat_ms, 50u);
   EXPECT_EQ(c->lock_timeout_ms, 100u);

@@ -425,6 +425,35 @@ TEST_P(MembershipTest, BadAttachRequestsAreClearErrors) {
   CXLRT_EXPECT_OK(Membership::Attach(**pool3, Fast()));
 }
 
+TEST_P(MembershipTest, AHostIdKeepsItsProcessesInItsOwnSlots) {
+  const std::string uri = MakePool("hosts=8");
+  std::vector<std::unique_ptr<Pool>> pools;
+  std::vector<std::unique_ptr<Membership>> members;
+  AttachOptions o = Fast();
+  o.host_id = 1;
+  o.slots_per_host = 3;
+  for (uint32_t want : {3u, 4u, 5u}) {
+    auto pool = Pool::Open(uri);
+    CXLRT_ASSERT_OK(pool);
+    auto m = Membership::Attach(**pool, o);
+    CXLRT_ASSERT_OK(m);
+    EXPECT_EQ((*m)->slot(), want);
+    pools.push_back(std::move(*pool));
+    members.push_back(std::move(*m));
+  }
+  auto pool = Pool::Open(uri);
+  CXLRT_ASSERT_OK(pool);
+  CXLRT_EXPECT_ERROR(Membership::Attach(**pool, o), absl::StatusCode::kResourceExhausted,
+                     "for host id 1 [3, 6)");
+  o.host_id = 3;
+  CXLRT_EXPECT_ERROR(Membership::Attach(**pool, o), absl::StatusCode::kInvalidArgument,
+                     "host id 3 needs slots [9, 12)");
+  o.host_id = 0;
+  auto other = Membership::Attach(**pool, o);
+  CXLRT_ASSERT_OK(other);
+  EXPECT_EQ((*other)->slot(), 0u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Domains, MembershipTest,
                          ::testing::Values(CoherenceDomain::kHardware, CoherenceDomain::kSoftware),
                          [](const auto& info) {
