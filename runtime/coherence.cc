@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/cpu_features.h"
+#include "runtime/log.h"
 
 namespace cxlrt::runtime {
 namespace {
@@ -54,6 +55,7 @@ void FlushWith(FlushInstruction f, const void* p, size_t n) {
 class HardwareCoherence final : public Coherence {
  public:
   using Coherence::Coherence;
+  bool RmwAllowedEverywhere() const override { return true; }
   CoherenceDomain domain() const override { return CoherenceDomain::kHardware; }
   void Write(PoolOffset dst, const void* src, size_t n) override {
     CheckRange(dst, n);
@@ -176,6 +178,53 @@ absl::Status Coherence::WaitFlag(PoolOffset flag, uint64_t expected, absl::Time 
                                  WaitWatch* watch) {
   std::string what = absl::StrCat("flag at pool offset ", absl::Hex(flag), " to reach ", expected);
   return WaitUntil([&] { return LoadFlag(flag) >= expected; }, deadline, what, watch);
+}
+
+absl::Status Coherence::CheckRmw(PoolOffset off, const char* what) {
+  CheckRange(off, 8);
+  if (off % 8 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " at pool offset 0x", absl::Hex(off), " is not 8-byte aligned"));
+  }
+  if (RmwAllowedEverywhere()) return absl::OkStatus();
+  {
+    std::lock_guard<std::mutex> lock(windows_mu_);
+    for (const auto& [start, len] : windows_) {
+      if (off >= start && off - start < len && len - (off - start) >= 8) return absl::OkStatus();
+    }
+  }
+  std::string msg = absl::StrCat(
+      what, " at pool offset 0x", absl::Hex(off), " outside a coherent window in the ",
+      CoherenceDomainName(domain()),
+      " domain: cross-host read-modify-write is not atomic on non-coherent CXL memory");
+  CXLRT_LOG(kError) << msg;
+  return absl::FailedPreconditionError(msg);
+}
+
+uint64_t Coherence::DoFetchAdd(PoolOffset off, uint64_t delta) {
+  return std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(At(off))).fetch_add(delta);
+}
+
+bool Coherence::DoCompareExchange(PoolOffset off, uint64_t& expected, uint64_t desired) {
+  return std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(At(off)))
+      .compare_exchange_strong(expected, desired);
+}
+
+absl::StatusOr<uint64_t> Coherence::AtomicFetchAdd(PoolOffset off, uint64_t delta) {
+  if (absl::Status s = CheckRmw(off, "atomic fetch-add"); !s.ok()) return s;
+  return DoFetchAdd(off, delta);
+}
+
+absl::StatusOr<bool> Coherence::AtomicCompareExchange(PoolOffset off, uint64_t& expected,
+                                                      uint64_t desired) {
+  if (absl::Status s = CheckRmw(off, "atomic compare-exchange"); !s.ok()) return s;
+  return DoCompareExchange(off, expected, desired);
+}
+
+void Coherence::DeclareCoherentWindow(PoolOffset off, uint64_t len) {
+  CheckRange(off, len);
+  std::lock_guard<std::mutex> lock(windows_mu_);
+  windows_.emplace_back(off, len);
 }
 
 void RegisterCoherenceFactory(CoherenceDomain domain, CoherenceFactory factory) {

@@ -25,6 +25,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "runtime/coherence_domain.h"
@@ -94,6 +97,18 @@ class Coherence {
     return value;
   }
 
+  // Atomic read-modify-write on pool memory. Cross-host RMW is not atomic
+  // on CXL 2.0 memory, so the software and simulated domains allow it only
+  // inside a window declared coherent (CXL 3.x HDM-DB regions); elsewhere
+  // they return kFailedPrecondition naming the offset, and log it.
+  // REQUIRES: `off` 8-byte aligned.
+  absl::StatusOr<uint64_t> AtomicFetchAdd(PoolOffset off, uint64_t delta);
+  // Returns whether it swapped; `expected` gets the value seen.
+  absl::StatusOr<bool> AtomicCompareExchange(PoolOffset off, uint64_t& expected,
+                                             uint64_t desired);
+  // Declares [off, off+len) coherent for this host's atomic RMW.
+  void DeclareCoherentWindow(PoolOffset off, uint64_t len);
+
   // Waits until the flag at `flag` is >= `expected`. Returns OK,
   // kDeadlineExceeded, or the watch's status (kAborted for a dead peer).
   absl::Status WaitFlag(PoolOffset flag, uint64_t expected, absl::Time deadline,
@@ -102,6 +117,13 @@ class Coherence {
   uint64_t size() const { return size_; }
 
  protected:
+  // True when this domain may do RMW at `off` (hardware: everywhere).
+  virtual bool RmwAllowedEverywhere() const { return false; }
+  // The RMW itself, on pool memory; the simulator first writes back and
+  // drops its cached copy of the line.
+  virtual uint64_t DoFetchAdd(PoolOffset off, uint64_t delta);
+  virtual bool DoCompareExchange(PoolOffset off, uint64_t& expected, uint64_t desired);
+
   // Aborts with a message when [off, off+n) is not inside the pool.
   void CheckRange(PoolOffset off, size_t n) const {
     if (off > size_ || n > size_ - off) OutOfRange(off, n);
@@ -111,8 +133,12 @@ class Coherence {
  private:
   [[noreturn]] void OutOfRange(PoolOffset off, size_t n) const;
 
+  absl::Status CheckRmw(PoolOffset off, const char* what);
+
   uint8_t* const base_;
   const uint64_t size_;
+  std::mutex windows_mu_;
+  std::vector<std::pair<PoolOffset, uint64_t>> windows_;  // guarded by windows_mu_
 };
 
 // Makes the Coherence of `domain` over the mapping [base, base+size).
