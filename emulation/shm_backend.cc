@@ -13,6 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/log.h"
 #include "runtime/memory_backend.h"
+#include "runtime/pool_layout.h"
+#include "runtime/status_macros.h"
 #include "runtime/topology.h"
 #include "runtime/units.h"
 
@@ -46,45 +48,64 @@ int NodeOfPage(void* addr) {
   return node;
 }
 
-absl::StatusOr<std::unique_ptr<MemoryBackend>> Map(int fd, uint64_t size, BackendInfo info,
-                                                   bool creating, int bind_node) {
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+// Binds (when creating), reserves and pre-faults one device's pages, mapped
+// at `addr` (MAP_FIXED inside the pool's reservation). Returns the node the
+// pages are on (-1 unknown) and appends to `placement` when binding failed.
+absl::StatusOr<int> MapDevice(int fd, uint8_t* addr, uint64_t size, const std::string& path,
+                              bool creating, int bind_node, bool* huge, std::string* placement) {
+  void* p = mmap(addr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
   if (p == MAP_FAILED) {
-    int err = errno;
-    close(fd);
-    return ErrnoStatus(err, absl::StrCat("cannot map ", FormatBytes(size), " of ", info.path));
+    return ErrnoStatus(errno, absl::StrCat("cannot map ", FormatBytes(size), " of ", path));
   }
-  auto* base = static_cast<uint8_t*>(p);
+  int node = bind_node;
   if (creating) {
     // Policy first, pages second: mbind on a shared mapping sets the file's
     // shared policy, which fallocate below allocates under.
     if (bind_node >= 0) {
       unsigned long mask[16] = {};
       mask[bind_node / 64] |= 1ul << (bind_node % 64);
-      if (mbind(base, size, MPOL_BIND, mask, sizeof(mask) * 8, 0) != 0) {
+      if (mbind(addr, size, MPOL_BIND, mask, sizeof(mask) * 8, 0) != 0) {
         CXLRT_LOG(kWarning) << "mbind to node " << bind_node << " failed (" << strerror(errno)
-                            << "); pages of " << info.path << " are not bound";
-        info.placement += " (binding failed; pages unbound)";
-        info.numa_node = -1;
+                            << "); pages of " << path << " are not bound";
+        *placement += " (binding failed; pages unbound)";
+        node = -1;
       }
     }
     // Huge pages where the kernel allows them for shmem (often "never").
-    info.huge_pages = madvise(base, size, MADV_HUGEPAGE) == 0;
+    *huge = madvise(addr, size, MADV_HUGEPAGE) == 0;
     if (int rc = posix_fallocate(fd, 0, static_cast<off_t>(size)); rc != 0) {
-      munmap(base, size);
-      close(fd);
-      return ErrnoStatus(rc, absl::StrCat("cannot reserve ", FormatBytes(size), " for ", info.path,
+      return ErrnoStatus(rc, absl::StrCat("cannot reserve ", FormatBytes(size), " for ", path,
                                           " (is the filesystem full?)"));
     }
   }
-  Prefault(base, size);
-  if (!creating || info.numa_node >= 0) {
-    int actual = NodeOfPage(base);
-    if (actual >= 0) info.numa_node = actual;
+  Prefault(addr, size);
+  if (!creating || node >= 0) {
+    if (int actual = NodeOfPage(addr); actual >= 0) node = actual;
   }
-  return std::unique_ptr<MemoryBackend>(
-      new runtime::MappedFileBackend(fd, base, size, std::move(info)));
+  return node;
 }
+
+// The files of a pool's devices, device 0 first.
+std::vector<std::string> DevicePaths(const PoolUri& uri, uint32_t count) {
+  std::vector<std::string> paths;
+  for (uint32_t d = 0; d < count; ++d) paths.push_back(ShmDevicePath(uri, d));
+  return paths;
+}
+
+// Closes descriptors and unmaps the reservation on every error path.
+struct Building {
+  uint8_t* base = nullptr;
+  uint64_t size = 0;
+  std::vector<int> fds;
+  std::vector<std::string> created;  // files to remove when creation fails
+  bool done = false;
+  ~Building() {
+    if (done) return;
+    if (base) munmap(base, size);
+    for (int fd : fds) close(fd);
+    for (const std::string& p : created) unlink(p.c_str());
+  }
+};
 
 BackendInfo BaseInfo(const PoolUri& uri) {
   BackendInfo info;
@@ -95,66 +116,129 @@ BackendInfo BaseInfo(const PoolUri& uri) {
   return info;
 }
 
+// Maps `paths` (opened in `b.fds`) one after another into one reservation of
+// `device_size` * paths.size() bytes and makes the backend.
+absl::StatusOr<std::unique_ptr<MemoryBackend>> MapAll(Building& b, BackendInfo info,
+                                                      const std::vector<std::string>& paths,
+                                                      uint64_t device_size, bool creating,
+                                                      const std::vector<runtime::NodeChoice>& nodes) {
+  b.size = device_size * paths.size();
+  void* r = mmap(nullptr, b.size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (r == MAP_FAILED) {
+    return ErrnoStatus(errno, absl::StrCat("cannot reserve ", FormatBytes(b.size),
+                                           " of address space for ", info.path));
+  }
+  b.base = static_cast<uint8_t*>(r);
+  bool all_huge = true;
+  for (size_t d = 0; d < paths.size(); ++d) {
+    bool huge = false;
+    std::string placement;
+    CXLRT_ASSIGN_OR_RETURN(
+        int node, MapDevice(b.fds[d], b.base + d * device_size, device_size, paths[d], creating,
+                            creating ? nodes[d].node : -1, &huge, &placement));
+    all_huge = all_huge && huge;
+    if (d == 0) {
+      info.numa_node = node;
+      info.placement += placement;
+    }
+    if (paths.size() > 1) {
+      info.devices.push_back({paths[d], node, d * device_size, device_size});
+    }
+  }
+  info.huge_pages = all_huge;
+  // Device 0's descriptor carries the local index locks; the others are
+  // kept alive by their mappings.
+  for (size_t d = 1; d < b.fds.size(); ++d) close(b.fds[d]);
+  int fd0 = b.fds[0];
+  b.done = true;
+  return std::unique_ptr<MemoryBackend>(
+      new runtime::MappedFileBackend(fd0, b.base, b.size, std::move(info)));
+}
+
 absl::StatusOr<std::unique_ptr<MemoryBackend>> CreateShm(const PoolUri& uri, uint64_t size) {
+  const uint32_t count = uri.devices.value_or(1);
+  if (size % (uint64_t{count} * runtime::kHeapAlignment) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool size ", FormatBytes(size), " does not split into ", count,
+                     " devices of a multiple of 2 MiB each"));
+  }
+  const uint64_t device_size = size / count;
   BackendInfo info = BaseInfo(uri);
   const bool numa = numa_available() >= 0;
-  auto choice = runtime::ChooseEmulationNode(
-      numa ? runtime::ReadNumaNodes() : std::vector<runtime::NumaNode>{}, uri.node,
-      runtime::CurrentNode());
-  if (!choice.ok()) return choice.status();
-  info.numa_node = choice->node;
-  info.placement = choice->reason;
+  CXLRT_ASSIGN_OR_RETURN(
+      std::vector<runtime::NodeChoice> nodes,
+      runtime::ChooseDeviceNodes(
+          numa ? runtime::ReadNumaNodes() : std::vector<runtime::NumaNode>{}, uri.node,
+          runtime::CurrentNode(), count));
+  info.placement = nodes[0].reason;
+  if (count > 1 && nodes[0].node != nodes[count - 1].node) {
+    info.placement = absl::StrCat(count, " devices round-robin over the CPU-less nodes");
+  }
 
   const mode_t mode = uri.mode.value_or(0600);
-  int fd = open(info.path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, mode);
-  if (fd < 0) {
-    if (errno == EEXIST) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("pool ", uri.Identity(), " already exists (", info.path, ")"));
+  const std::vector<std::string> paths = DevicePaths(uri, count);
+  Building b;
+  for (const std::string& path : paths) {
+    int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+    if (fd < 0) {
+      if (errno == EEXIST) {
+        return absl::AlreadyExistsError(
+            absl::StrCat("pool ", uri.Identity(), " already exists (", path, ")"));
+      }
+      return ErrnoStatus(errno, absl::StrCat("cannot create ", path));
     }
-    return ErrnoStatus(errno, absl::StrCat("cannot create ", info.path));
+    b.fds.push_back(fd);
+    b.created.push_back(path);
+    fchmod(fd, mode);  // exactly the mode asked for, whatever the umask
+    if (ftruncate(fd, static_cast<off_t>(device_size)) != 0) {
+      return ErrnoStatus(errno,
+                         absl::StrCat("cannot size ", path, " to ", FormatBytes(device_size)));
+    }
   }
-  fchmod(fd, mode);  // exactly the mode asked for, whatever the umask
-  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
-    int err = errno;
-    close(fd);
-    unlink(info.path.c_str());
-    return ErrnoStatus(err, absl::StrCat("cannot size ", info.path, " to ", FormatBytes(size)));
-  }
-  auto backend = Map(fd, size, std::move(info), /*creating=*/true, choice->node);
-  if (!backend.ok()) unlink(ShmPoolPath(uri).c_str());  // nothing was in it yet
-  return backend;
+  return MapAll(b, std::move(info), paths, device_size, /*creating=*/true, nodes);
 }
 
 absl::StatusOr<std::unique_ptr<MemoryBackend>> OpenShm(const PoolUri& uri) {
   BackendInfo info = BaseInfo(uri);
-  int fd = open(info.path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) {
-      return absl::NotFoundError(
-          absl::StrCat("no pool ", uri.Identity(), " (no file ", info.path, ")"));
-    }
-    return ErrnoStatus(errno, absl::StrCat("cannot open pool ", uri.Identity(), " (", info.path,
-                                           ") for read and write"));
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    int err = errno;
-    close(fd);
-    return ErrnoStatus(err, absl::StrCat("cannot stat ", info.path));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(info.path, " is not a regular file"));
-  }
-  if (st.st_size < 4096) {
-    close(fd);
-    return absl::DataLossError(absl::StrCat("pool ", uri.Identity(), " is corrupt: its file ",
-                                            info.path, " holds ", st.st_size,
-                                            " bytes, too few for a pool header (truncated?)"));
-  }
   info.placement = "as bound at creation";
-  return Map(fd, static_cast<uint64_t>(st.st_size), std::move(info), /*creating=*/false, -1);
+  Building b;
+  std::vector<std::string> paths;
+  uint64_t device_size = 0;
+  // Device files are found by name: device 0 is the pool file, the others
+  // follow until one is missing. The header says how many there must be.
+  for (uint32_t d = 0; d < runtime::kMaxDevices; ++d) {
+    const std::string path = ShmDevicePath(uri, d);
+    int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT && d > 0) break;
+      if (errno == ENOENT) {
+        return absl::NotFoundError(
+            absl::StrCat("no pool ", uri.Identity(), " (no file ", path, ")"));
+      }
+      return ErrnoStatus(errno, absl::StrCat("cannot open pool ", uri.Identity(), " (", path,
+                                             ") for read and write"));
+    }
+    b.fds.push_back(fd);
+    struct stat st;
+    if (fstat(fd, &st) != 0) return ErrnoStatus(errno, absl::StrCat("cannot stat ", path));
+    if (!S_ISREG(st.st_mode)) {
+      return absl::InvalidArgumentError(absl::StrCat(path, " is not a regular file"));
+    }
+    const uint64_t bytes = static_cast<uint64_t>(st.st_size);
+    if (d == 0 && bytes < 4096) {
+      return absl::DataLossError(absl::StrCat("pool ", uri.Identity(), " is corrupt: its file ",
+                                              path, " holds ", bytes,
+                                              " bytes, too few for a pool header (truncated?)"));
+    }
+    if (d == 0) device_size = bytes;
+    if (bytes != device_size || bytes % 4096 != 0) {
+      return absl::DataLossError(
+          absl::StrCat("pool ", uri.Identity(), " is corrupt: device file ", path, " holds ",
+                       bytes, " bytes but device 0 holds ", device_size));
+    }
+    paths.push_back(path);
+  }
+  return MapAll(b, std::move(info), paths, device_size, /*creating=*/false, {});
 }
 
 absl::Status DestroyShm(const PoolUri& uri) {
@@ -165,6 +249,10 @@ absl::Status DestroyShm(const PoolUri& uri) {
     }
     return ErrnoStatus(errno, absl::StrCat("cannot remove ", path));
   }
+  for (uint32_t d = 1; d < runtime::kMaxDevices; ++d) {
+    if (unlink(ShmDevicePath(uri, d).c_str()) != 0 && errno == ENOENT) break;
+  }
+  unlink(ShmModelPath(uri).c_str());
   return absl::OkStatus();
 }
 
@@ -177,9 +265,17 @@ const runtime::BackendProvider kShmProvider = {&CreateShm, &OpenShm, &DestroyShm
 
 }  // namespace
 
-std::string ShmPoolPath(const PoolUri& uri) {
+std::string ShmPoolPath(const PoolUri& uri) { return ShmDevicePath(uri, 0); }
+
+std::string ShmDevicePath(const PoolUri& uri, uint32_t device) {
   const std::string dir = uri.dir.value_or(runtime::GetConfig().shm_dir);
-  return absl::StrCat(dir, "/cxlrt-", uri.name, ".pool");
+  if (device == 0) return absl::StrCat(dir, "/cxlrt-", uri.name, ".pool");
+  return absl::StrCat(dir, "/cxlrt-", uri.name, ".dev", device, ".pool");
+}
+
+std::string ShmModelPath(const PoolUri& uri) {
+  const std::string dir = uri.dir.value_or(runtime::GetConfig().shm_dir);
+  return absl::StrCat(dir, "/cxlrt-", uri.name, ".model");
 }
 
 void RegisterShmBackend() {

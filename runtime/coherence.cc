@@ -1,6 +1,7 @@
 #include "runtime/coherence.h"
 
 #include <immintrin.h>
+#include <time.h>
 
 #include <atomic>
 #include <cstdio>
@@ -57,34 +58,25 @@ class HardwareCoherence final : public Coherence {
   using Coherence::Coherence;
   bool RmwAllowedEverywhere() const override { return true; }
   CoherenceDomain domain() const override { return CoherenceDomain::kHardware; }
-  void Write(PoolOffset dst, const void* src, size_t n) override {
-    CheckRange(dst, n);
+  void DoWrite(PoolOffset dst, const void* src, size_t n) override {
     std::memcpy(At(dst), src, n);
   }
-  void Read(void* dst, PoolOffset src, size_t n) override {
-    CheckRange(src, n);
+  void DoRead(void* dst, PoolOffset src, size_t n) override {
     std::memcpy(dst, At(src), n);
   }
-  void Flush(PoolOffset off, size_t n) override {
-    CheckRange(off, n);
-    std::atomic_thread_fence(std::memory_order_release);
-  }
-  void Invalidate(PoolOffset off, size_t n) override {
-    CheckRange(off, n);
+  void DoFlush(PoolOffset, size_t) override { std::atomic_thread_fence(std::memory_order_release); }
+  void DoInvalidate(PoolOffset, size_t) override {
     std::atomic_thread_fence(std::memory_order_acquire);
   }
-  void StoreFlag(PoolOffset flag, uint64_t value) override {
-    CheckRange(flag, 8);
+  void DoStoreFlag(PoolOffset flag, uint64_t value) override {
     std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(At(flag)))
         .store(value, std::memory_order_release);
   }
-  uint64_t LoadFlag(PoolOffset flag) override {
-    CheckRange(flag, 8);
+  uint64_t DoLoadFlag(PoolOffset flag) override {
     return std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(At(flag)))
         .load(std::memory_order_acquire);
   }
-  void CopyToPool(PoolOffset dst, const void* src, size_t n) override {
-    CheckRange(dst, n);
+  void DoCopyToPool(PoolOffset dst, const void* src, size_t n) override {
     if (n >= kNonTemporalMin) {
       NonTemporalCopy(At(dst), src, n);
     } else {
@@ -92,8 +84,7 @@ class HardwareCoherence final : public Coherence {
     }
     std::atomic_thread_fence(std::memory_order_release);
   }
-  void CopyFromPool(void* dst, PoolOffset src, size_t n) override {
-    CheckRange(src, n);
+  void DoCopyFromPool(void* dst, PoolOffset src, size_t n) override {
     std::atomic_thread_fence(std::memory_order_acquire);
     std::memcpy(dst, At(src), n);
   }
@@ -108,41 +99,34 @@ class SoftwareCoherence final : public Coherence {
         writeback_(GetCpuFeatures().writeback),
         invalidate_(GetCpuFeatures().invalidate) {}
   CoherenceDomain domain() const override { return CoherenceDomain::kSoftware; }
-  void Write(PoolOffset dst, const void* src, size_t n) override {
-    CheckRange(dst, n);
+  void DoWrite(PoolOffset dst, const void* src, size_t n) override {
     std::memcpy(At(dst), src, n);
   }
-  void Read(void* dst, PoolOffset src, size_t n) override {
-    CheckRange(src, n);
+  void DoRead(void* dst, PoolOffset src, size_t n) override {
     std::memcpy(dst, At(src), n);
   }
-  void Flush(PoolOffset off, size_t n) override {
-    CheckRange(off, n);
+  void DoFlush(PoolOffset off, size_t n) override {
     FlushWith(writeback_, At(off), n);
     _mm_sfence();  // write-backs complete before any later store
   }
-  void Invalidate(PoolOffset off, size_t n) override {
-    CheckRange(off, n);
+  void DoInvalidate(PoolOffset off, size_t n) override {
     FlushWith(invalidate_, At(off), n);
     _mm_mfence();  // clflushopt is not ordered with later loads without it
   }
-  void StoreFlag(PoolOffset flag, uint64_t value) override {
-    CheckRange(flag, 8);
+  void DoStoreFlag(PoolOffset flag, uint64_t value) override {
     _mm_sfence();  // earlier write-backs of the data before the flag
     std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(At(flag)))
         .store(value, std::memory_order_release);
     FlushWith(writeback_, At(flag), 8);
     _mm_sfence();
   }
-  uint64_t LoadFlag(PoolOffset flag) override {
-    CheckRange(flag, 8);
+  uint64_t DoLoadFlag(PoolOffset flag) override {
     FlushWith(invalidate_, At(flag), 8);
     _mm_mfence();
     return std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(At(flag)))
         .load(std::memory_order_acquire);
   }
-  void CopyToPool(PoolOffset dst, const void* src, size_t n) override {
-    CheckRange(dst, n);
+  void DoCopyToPool(PoolOffset dst, const void* src, size_t n) override {
     if (n >= kNonTemporalMin) {
       NonTemporalCopy(At(dst), src, n);  // ends with sfence
     } else {
@@ -151,8 +135,8 @@ class SoftwareCoherence final : public Coherence {
       _mm_sfence();
     }
   }
-  void CopyFromPool(void* dst, PoolOffset src, size_t n) override {
-    Invalidate(src, n);
+  void DoCopyFromPool(void* dst, PoolOffset src, size_t n) override {
+    DoInvalidate(src, n);
     std::memcpy(dst, At(src), n);
   }
 
@@ -165,6 +149,12 @@ std::mutex g_factories_mu;
 CoherenceFactory g_factories[4] = {};
 
 }  // namespace
+
+int64_t NowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
 
 void Coherence::OutOfRange(PoolOffset off, size_t n) const {
   std::fprintf(stderr,

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -43,6 +44,22 @@ inline constexpr size_t kCacheLine = 64;
 // 64 B lines, so 128 B keeps two writers from sharing a prefetch pair.
 inline constexpr size_t kWriterSeparation = 128;
 
+// A model of the device's speed (emulation/access_model.h): after each
+// access the coherence layer calls Complete(), which returns once the
+// access would have finished on the modeled device. Thread-safe.
+class AccessModel {
+ public:
+  virtual ~AccessModel() = default;
+  // An access of `bytes` at `off` that started at `start_ns` (steady clock,
+  // NowNs()) and, when `round_trip`, waited for one device round trip.
+  virtual void Complete(PoolOffset off, size_t bytes, bool round_trip, int64_t start_ns) = 0;
+  // "latency 700 ns, 25 GB/s per device": for tools.
+  virtual std::string Describe() const = 0;
+};
+
+// Monotonic nanoseconds, the same clock in every process of a machine.
+int64_t NowNs();
+
 class Coherence {
  public:
   Coherence(uint8_t* base, uint64_t size) : base_(base), size_(size) {}
@@ -50,28 +67,64 @@ class Coherence {
 
   virtual CoherenceDomain domain() const = 0;
 
+  // Every access below aborts with a message when its range is not inside
+  // the pool (an unvalidated offset is a bug of the caller), and is charged
+  // to the access model when the pool has one.
+
   // Stores `n` bytes at `dst`. Other hosts may not see them until Flush.
-  virtual void Write(PoolOffset dst, const void* src, size_t n) = 0;
+  void Write(PoolOffset dst, const void* src, size_t n) {
+    const int64_t t = Start(dst, n);
+    DoWrite(dst, src, n);
+    Charge(dst, n, false, t);
+  }
   // Loads `n` bytes at `src`. May return this host's stale copy: Invalidate
   // first to see other hosts' writes.
-  virtual void Read(void* dst, PoolOffset src, size_t n) = 0;
+  void Read(void* dst, PoolOffset src, size_t n) {
+    const int64_t t = Start(src, n);
+    DoRead(dst, src, n);
+    Charge(src, n, true, t);
+  }
   // Writes back this host's stores to [off, off+n) and orders them before
   // any later store of this thread (so a flag stored after it is seen after).
-  virtual void Flush(PoolOffset off, size_t n) = 0;
+  void Flush(PoolOffset off, size_t n) {
+    const int64_t t = Start(off, n);
+    DoFlush(off, n);
+    Charge(off, 0, n > 0, t);
+  }
   // Drops this host's copy of [off, off+n), so the next Read sees the pool;
   // orders it after every earlier load of this thread.
-  virtual void Invalidate(PoolOffset off, size_t n) = 0;
+  void Invalidate(PoolOffset off, size_t n) {
+    CheckRange(off, n);
+    DoInvalidate(off, n);
+  }
 
   // Stores a flag and publishes it. REQUIRES: `flag` 8-byte aligned, one writer.
-  virtual void StoreFlag(PoolOffset flag, uint64_t value) = 0;
+  void StoreFlag(PoolOffset flag, uint64_t value) {
+    const int64_t t = Start(flag, 8);
+    DoStoreFlag(flag, value);
+    Charge(flag, 8, true, t);
+  }
   // Loads the current value of a flag, as published by its writer.
-  virtual uint64_t LoadFlag(PoolOffset flag) = 0;
+  uint64_t LoadFlag(PoolOffset flag) {
+    const int64_t t = Start(flag, 8);
+    const uint64_t v = DoLoadFlag(flag);
+    Charge(flag, 8, true, t);
+    return v;
+  }
 
   // Bulk copy into the pool with non-temporal stores; the bytes are visible
   // to every host (in the pool, not in a cache) when it returns.
-  virtual void CopyToPool(PoolOffset dst, const void* src, size_t n) = 0;
+  void CopyToPool(PoolOffset dst, const void* src, size_t n) {
+    const int64_t t = Start(dst, n);
+    DoCopyToPool(dst, src, n);
+    Charge(dst, n, true, t);
+  }
   // Bulk copy out of the pool of what every host has published.
-  virtual void CopyFromPool(void* dst, PoolOffset src, size_t n) = 0;
+  void CopyFromPool(void* dst, PoolOffset src, size_t n) {
+    const int64_t t = Start(src, n);
+    DoCopyFromPool(dst, src, n);
+    Charge(src, n, true, t);
+  }
 
   // Write + Flush: after it returns, a reader that sees a later flag and
   // then calls Fetch() on the same range sees these bytes.
@@ -101,7 +154,7 @@ class Coherence {
   // on CXL 2.0 memory, so the software and simulated domains allow it only
   // inside a window declared coherent (CXL 3.x HDM-DB regions); elsewhere
   // they return kFailedPrecondition naming the offset, and log it.
-  // REQUIRES: `off` 8-byte aligned.
+  // REQUIRES: `off` 8-byte aligned (else kInvalidArgument).
   absl::StatusOr<uint64_t> AtomicFetchAdd(PoolOffset off, uint64_t delta);
   // Returns whether it swapped; `expected` gets the value seen.
   absl::StatusOr<bool> AtomicCompareExchange(PoolOffset off, uint64_t& expected,
@@ -114,10 +167,25 @@ class Coherence {
   absl::Status WaitFlag(PoolOffset flag, uint64_t expected, absl::Time deadline,
                         WaitWatch* watch = nullptr);
 
+  // Puts every later access under `model` (null: none). REQUIRES: called
+  // before the Coherence is shared between threads.
+  void SetModel(std::unique_ptr<AccessModel> model) { model_ = std::move(model); }
+  const AccessModel* model() const { return model_.get(); }
+
   uint64_t size() const { return size_; }
 
  protected:
-  // True when this domain may do RMW at `off` (hardware: everywhere).
+  // The domain's implementation of each access; ranges already checked.
+  virtual void DoWrite(PoolOffset dst, const void* src, size_t n) = 0;
+  virtual void DoRead(void* dst, PoolOffset src, size_t n) = 0;
+  virtual void DoFlush(PoolOffset off, size_t n) = 0;
+  virtual void DoInvalidate(PoolOffset off, size_t n) = 0;
+  virtual void DoStoreFlag(PoolOffset flag, uint64_t value) = 0;
+  virtual uint64_t DoLoadFlag(PoolOffset flag) = 0;
+  virtual void DoCopyToPool(PoolOffset dst, const void* src, size_t n) = 0;
+  virtual void DoCopyFromPool(void* dst, PoolOffset src, size_t n) = 0;
+
+  // True when this domain may do RMW anywhere (hardware).
   virtual bool RmwAllowedEverywhere() const { return false; }
   // The RMW itself, on pool memory; the simulator first writes back and
   // drops its cached copy of the line.
@@ -133,10 +201,19 @@ class Coherence {
  private:
   [[noreturn]] void OutOfRange(PoolOffset off, size_t n) const;
 
+  int64_t Start(PoolOffset off, size_t n) const {
+    CheckRange(off, n);
+    return model_ ? NowNs() : 0;
+  }
+  void Charge(PoolOffset off, size_t bytes, bool round_trip, int64_t start_ns) {
+    if (model_) model_->Complete(off, bytes, round_trip, start_ns);
+  }
+
   absl::Status CheckRmw(PoolOffset off, const char* what);
 
   uint8_t* const base_;
   const uint64_t size_;
+  std::unique_ptr<AccessModel> model_;
   std::mutex windows_mu_;
   std::vector<std::pair<PoolOffset, uint64_t>> windows_;  // guarded by windows_mu_
 };

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -20,6 +21,15 @@
 #include "runtime/uri.h"
 
 namespace cxlrt::runtime {
+
+// One device of a backend: a contiguous part of the mapping with its own
+// backing (an emulated pool of devices=D has D files).
+struct BackendDevice {
+  std::string path;
+  int numa_node = -1;
+  uint64_t offset = 0;  // in the mapping
+  uint64_t size = 0;
+};
 
 struct BackendInfo {
   std::string kind;       // "emulated (shared file)" or "device-DAX"
@@ -29,6 +39,9 @@ struct BackendInfo {
   bool huge_pages = false;
   uint64_t alignment = 4096;  // of the mapping and of its size
   std::string granularity;    // store granularity reported by libpmem2, if used
+  // The devices, in mapping order, when there are several; empty: one
+  // device, the whole mapping.
+  std::vector<BackendDevice> devices;
 };
 
 class MemoryBackend {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -141,9 +142,25 @@ absl::Status Pool::ValidateHeader(const PoolHeaderLayout& h, uint64_t backing_si
     return Corrupt(where, absl::StrCat("coherence domain is ", h.coherence_domain,
                                        " (expected 1 hardware, 2 software or 3 simulated)"));
   }
-  if (h.flags != 0) {
-    return Corrupt(where,
-                   absl::StrCat("flags are 0x", absl::Hex(h.flags), " (version 1 has none)"));
+  if ((h.flags & ~kKnownHeaderFlags) != 0) {
+    return Corrupt(where, absl::StrCat("flags are 0x", absl::Hex(h.flags), " (known: 0x",
+                                       absl::Hex(kKnownHeaderFlags), ")"));
+  }
+  if (h.flags & kHeaderFlagDevices) {
+    if (h.device_count < 2 || h.device_count > kMaxDevices) {
+      return Corrupt(where, absl::StrCat("device_count is ", h.device_count, " (expected 2..",
+                                         kMaxDevices, ")"));
+    }
+    if (h.device_size == 0 || h.device_size % kHeapAlignment != 0 ||
+        h.device_size != h.pool_size / h.device_count ||
+        h.pool_size % h.device_count != 0) {
+      return Corrupt(where, absl::StrCat("device_size is ", h.device_size, " but ",
+                                         h.device_count, " devices of 2 MiB multiples must make "
+                                         "up the pool of ", h.pool_size, " bytes"));
+    }
+  } else if (h.device_count != 0 || h.device_size != 0) {
+    return Corrupt(where, absl::StrCat("device_count ", h.device_count, " and device_size ",
+                                       h.device_size, " are set without the devices flag"));
   }
   if (h.host_slot_count < 1 || h.host_slot_count > kMaxHostSlots) {
     return Corrupt(where, absl::StrCat("host_slot_count is ", h.host_slot_count, " (expected 1..",
@@ -202,9 +219,37 @@ Pool::Pool(PoolUri uri, std::unique_ptr<MemoryBackend> backend,
       identity_(uri_.Identity()),
       backend_(std::move(backend)),
       coherence_(std::move(coherence)),
-      header_(header) {}
+      header_(header),
+      devices_(header.pool_size,
+               (header.flags & kHeaderFlagDevices) ? header.device_count : 1) {}
 
 Pool::~Pool() = default;
+
+namespace {
+std::mutex g_model_mu;
+AccessModelFactory g_model_factory = nullptr;  // guarded by g_model_mu
+}  // namespace
+
+void RegisterAccessModelFactory(AccessModelFactory factory) {
+  std::lock_guard<std::mutex> lock(g_model_mu);
+  g_model_factory = factory;
+}
+
+absl::Status Pool::ApplyModel() {
+  if (!uri_.HasModel()) return absl::OkStatus();
+  AccessModelFactory factory;
+  {
+    std::lock_guard<std::mutex> lock(g_model_mu);
+    factory = g_model_factory;
+  }
+  if (factory == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        uri_.ToString(), " asks for a latency/bandwidth model, but no emulation layer is linked"));
+  }
+  CXLRT_ASSIGN_OR_RETURN(std::unique_ptr<AccessModel> model, factory(uri_, devices_));
+  coherence_->SetModel(std::move(model));
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(absl::string_view uri_text) {
   CXLRT_RETURN_IF_ERROR(ConfigStatus());
@@ -271,6 +316,11 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(absl::string_view uri_text) {
   h.directory_entry_size = sizeof(RegionEntryLayout);
   h.heap_offset = layout.heap_offset;
   h.heap_size = size - layout.heap_offset;
+  if (const auto& devs = backend->info().devices; devs.size() > 1) {
+    h.flags |= kHeaderFlagDevices;
+    h.device_count = static_cast<uint32_t>(devs.size());
+    h.device_size = devs[0].size;
+  }
   std::string pool_name = uri.scheme == PoolScheme::kEmu ? uri.name : uri.Identity();
   std::memcpy(h.name, pool_name.data(), std::min(pool_name.size(), sizeof(h.name) - 1));
   h.checksum = HeaderChecksum(h);
@@ -283,8 +333,10 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(absl::string_view uri_text) {
   c.Publish(0, &h.magic, sizeof(h.magic));
   CXLRT_LOG(kInfo) << "created " << uri.Identity() << " (" << FormatBytes(size) << ", "
                    << CoherenceDomainName(domain) << ", " << hosts << " host slots)";
-  return std::unique_ptr<Pool>(
+  std::unique_ptr<Pool> pool(
       new Pool(std::move(uri), std::move(backend), std::move(*coherence), h));
+  CXLRT_RETURN_IF_ERROR(pool->ApplyModel());
+  return pool;
 }
 
 absl::StatusOr<std::unique_ptr<Pool>> Pool::Open(absl::string_view uri_text) {
@@ -321,10 +373,24 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::Open(absl::string_view uri_text) {
     return absl::InvalidArgumentError(absl::StrCat(
         where, " has ", h.host_slot_count, " host slots but the URI says hosts=", *uri.hosts));
   }
+  const uint32_t header_devices = (h.flags & kHeaderFlagDevices) ? h.device_count : 1;
+  const size_t backing_devices = std::max<size_t>(1, backend->info().devices.size());
+  if (backing_devices != header_devices) {
+    return Corrupt(where, absl::StrCat("the header says ", header_devices,
+                                       " devices but the backing has ", backing_devices,
+                                       " (a device's backing is missing or extra)"));
+  }
+  for (const BackendDevice& d : backend->info().devices) {
+    if (d.size != h.device_size) {
+      return Corrupt(where, absl::StrCat("device backing ", d.path, " holds ", d.size,
+                                         " bytes but the header says ", h.device_size));
+    }
+  }
   CXLRT_ASSIGN_OR_RETURN(std::unique_ptr<Coherence> coherence,
                          MakeCoherence(domain, backend->base(), backing));
   std::unique_ptr<Pool> pool(new Pool(std::move(uri), std::move(backend), std::move(coherence), h));
   CXLRT_RETURN_IF_ERROR(pool->Check());
+  CXLRT_RETURN_IF_ERROR(pool->ApplyModel());
   return pool;
 }
 

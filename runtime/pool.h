@@ -19,6 +19,7 @@
 #include "absl/strings/string_view.h"
 #include "runtime/coherence.h"
 #include "runtime/memory_backend.h"
+#include "runtime/placement.h"
 #include "runtime/pool_layout.h"
 #include "runtime/uri.h"
 
@@ -94,6 +95,13 @@ class Pool {
   CoherenceDomain domain() const { return static_cast<CoherenceDomain>(header_.coherence_domain); }
   uint32_t host_slots() const { return header_.host_slot_count; }
   Coherence& coherence() const { return *coherence_; }
+  // The pool's devices (one unless created with devices=D).
+  const DeviceMap& devices() const { return devices_; }
+  // The part of the heap on device `d` as [begin, end); may be empty.
+  // REQUIRES: d < devices().count().
+  std::pair<PoolOffset, PoolOffset> HeapOnDevice(uint32_t d) const {
+    return devices_.Clip(d, header_.heap_offset, header_.pool_size);
+  }
   MemoryBackend& backend() const { return *backend_; }
 
   // Offsets of slot `i`'s lines. REQUIRES: i < host_slots().
@@ -117,13 +125,22 @@ class Pool {
  private:
   Pool(PoolUri uri, std::unique_ptr<MemoryBackend> backend, std::unique_ptr<Coherence> coherence,
        const PoolHeaderLayout& header);
+  // Puts the coherence layer under the URI's access model, if it asks for one.
+  absl::Status ApplyModel();
 
   PoolUri uri_;
   std::string identity_;
   std::unique_ptr<MemoryBackend> backend_;
   std::unique_ptr<Coherence> coherence_;
   PoolHeaderLayout header_;
+  DeviceMap devices_;
 };
+
+// Makes the access model a URI asks for (latency_ns=, bw_gbps=, model=);
+// emulation/ registers it. Without one, such a URI is kFailedPrecondition.
+using AccessModelFactory = absl::StatusOr<std::unique_ptr<AccessModel>> (*)(
+    const PoolUri& uri, const DeviceMap& devices);
+void RegisterAccessModelFactory(AccessModelFactory factory);
 
 // Checksum helpers for the records of pool_layout.h (shared with tests).
 uint32_t HeaderChecksum(const PoolHeaderLayout& h);

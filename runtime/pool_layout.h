@@ -40,7 +40,7 @@ struct PoolHeaderLayout {
   uint64_t creation_id;            // random; tells pools of one name apart
   uint64_t created_unix_ns;        // creator's clock, information only
   uint32_t coherence_domain;       // CoherenceDomain
-  uint32_t flags;                  // 0 in version 1
+  uint32_t flags;                  // kHeaderFlag* bits
   uint64_t host_table_offset;      // 4 KiB aligned
   uint32_t host_slot_count;        // 1..kMaxHostSlots
   uint32_t host_slot_size;         // sizeof(HostSlotLayout)
@@ -50,12 +50,24 @@ struct PoolHeaderLayout {
   uint64_t heap_offset;            // kHeapAlignment aligned, after the directory
   uint64_t heap_size;              // pool_size - heap_offset
   char name[64];                   // pool name, NUL-terminated
-  uint8_t reserved[92];            // zero
+  // With kHeaderFlagDevices: the pool is device_count devices of
+  // device_size bytes each, concatenated (device d holds
+  // [d*device_size, (d+1)*device_size)). Without it both are 0: one device.
+  uint64_t device_size;
+  uint32_t device_count;
+  uint8_t reserved[80];  // zero
   uint32_t checksum;               // CRC-32C of bytes [0, offsetof(checksum))
 };
 static_assert(sizeof(PoolHeaderLayout) == 256);
 static_assert(std::is_standard_layout_v<PoolHeaderLayout>);
 static_assert(offsetof(PoolHeaderLayout, checksum) == 252);
+static_assert(offsetof(PoolHeaderLayout, device_size) == 160);
+
+// PoolHeaderLayout::flags. Version 1 readers that predate a flag refuse a
+// header that has it, so a flag is how v1 grows.
+inline constexpr uint32_t kHeaderFlagDevices = 1;  // device_size, device_count valid
+inline constexpr uint32_t kKnownHeaderFlags = kHeaderFlagDevices;
+inline constexpr uint32_t kMaxDevices = 16;
 
 // Host slot states, in HostControlLineLayout::state.
 enum class SlotState : uint32_t { kFree = 0, kAttached = 1, kFenced = 2 };

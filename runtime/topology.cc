@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "runtime/status_macros.h"
 
 namespace cxlrt::runtime {
 namespace {
@@ -218,6 +219,28 @@ absl::StatusOr<NodeChoice> ChooseEmulationNode(const std::vector<NumaNode>& node
                                      : absl::StrCat("node ", nodes[0].id,
                                                     ": no CPU-less or "
                                                     "farther node found")};
+}
+
+absl::StatusOr<std::vector<NodeChoice>> ChooseDeviceNodes(const std::vector<NumaNode>& nodes,
+                                                          std::optional<int> requested,
+                                                          int current_node, uint32_t count) {
+  std::vector<const NumaNode*> cpuless;
+  for (const NumaNode& n : nodes) {
+    if (n.cpu_count == 0 && n.mem_total > 0) cpuless.push_back(&n);
+  }
+  std::vector<NodeChoice> out;
+  if (!requested && count > 1 && cpuless.size() > 1) {
+    for (uint32_t d = 0; d < count; ++d) {
+      const NumaNode& n = *cpuless[d % cpuless.size()];
+      out.push_back({n.id, absl::StrCat("node ", n.id, ": CPU-less memory node ",
+                                        d % cpuless.size() + 1, " of ", cpuless.size(),
+                                        ", one per device round-robin")});
+    }
+    return out;
+  }
+  CXLRT_ASSIGN_OR_RETURN(NodeChoice one, ChooseEmulationNode(nodes, requested, current_node));
+  out.assign(count, one);
+  return out;
 }
 
 int CurrentNode() {

@@ -62,6 +62,14 @@ struct NodeChoice {
 absl::StatusOr<NodeChoice> ChooseEmulationNode(const std::vector<NumaNode>& nodes,
                                                std::optional<int> requested, int current_node);
 
+// The nodes of the `count` devices of an emulated pool: all on `requested`
+// when given; else round-robin over the CPU-less nodes with memory when
+// there are several (one device per expander, as on a real pool); else all
+// on ChooseEmulationNode's choice. Pure, for tests.
+absl::StatusOr<std::vector<NodeChoice>> ChooseDeviceNodes(const std::vector<NumaNode>& nodes,
+                                                          std::optional<int> requested,
+                                                          int current_node, uint32_t count);
+
 // The NUMA node of the CPU this thread runs on (0 when unknown).
 int CurrentNode();
 

@@ -104,7 +104,8 @@ absl::StatusOr<PoolUri> ParsePoolUri(absl::string_view text) {
 
   const std::set<std::string> allowed =
       uri.scheme == PoolScheme::kEmu
-          ? std::set<std::string>{"size", "node", "coherence", "dir", "mode", "hosts"}
+          ? std::set<std::string>{"size", "node", "coherence", "dir", "mode", "hosts",
+                                  "devices", "model", "latency_ns", "bw_gbps"}
           : std::set<std::string>{"size", "coherence", "hosts"};
   std::set<std::string> seen;
   if (!query.empty()) {
@@ -164,6 +165,33 @@ absl::StatusOr<PoolUri> ParsePoolUri(absl::string_view text) {
           return Bad(text, absl::StrCat("hosts '", value, "' is not a host count in [1, 1024]"));
         }
         uri.hosts = hosts;
+      } else if (key == "devices") {
+        uint32_t devices = 0;
+        if (!absl::SimpleAtoi(value, &devices) || devices < 1 || devices > 16) {
+          return Bad(text, absl::StrCat("devices '", value, "' is not a device count in [1, 16]"));
+        }
+        uri.devices = devices;
+      } else if (key == "model") {
+        if (value != "switch" && value != "direct") {
+          return Bad(text, absl::StrCat("model '", value,
+                                        "' is not a preset (switch: a switch-attached pool, "
+                                        "direct: a directly attached expander)"));
+        }
+        uri.model = value;
+      } else if (key == "latency_ns") {
+        uint32_t ns = 0;
+        if (!absl::SimpleAtoi(value, &ns) || ns > 10000000) {
+          return Bad(text, absl::StrCat("latency_ns '", value,
+                                        "' is not a latency in nanoseconds in [0, 10000000]"));
+        }
+        uri.latency_ns = ns;
+      } else if (key == "bw_gbps") {
+        double gbps = 0;
+        if (!absl::SimpleAtod(value, &gbps) || !(gbps >= 0.001 && gbps <= 10000)) {
+          return Bad(text, absl::StrCat("bw_gbps '", value,
+                                        "' is not a bandwidth in GB/s in [0.001, 10000]"));
+        }
+        uri.bw_gbps = gbps;
       }
     }
   }
@@ -182,6 +210,10 @@ std::string PoolUri::ToString() const {
   if (dir) params.push_back(absl::StrCat("dir=", *dir));
   if (mode) params.push_back(absl::StrFormat("mode=%04o", *mode));
   if (hosts) params.push_back(absl::StrCat("hosts=", *hosts));
+  if (devices) params.push_back(absl::StrCat("devices=", *devices));
+  if (model) params.push_back(absl::StrCat("model=", *model));
+  if (latency_ns) params.push_back(absl::StrCat("latency_ns=", *latency_ns));
+  if (bw_gbps) params.push_back(absl::StrCat("bw_gbps=", *bw_gbps));
   std::string out = Identity();
   if (!params.empty()) absl::StrAppend(&out, "?", absl::StrJoin(params, "&"));
   return out;

@@ -1,7 +1,8 @@
 // Pool URIs: which pool, on which memory, with which coherence domain.
 //
 //   emu://NAME?size=4G&node=N&coherence=hardware|software|simulated
-//             &dir=PATH&mode=0600&hosts=64
+//             &dir=PATH&mode=0600&hosts=64&devices=D
+//             &model=switch|direct&latency_ns=N&bw_gbps=X
 //   dax:///dev/dax0.0?size=...&coherence=...&hosts=...
 //
 // Thread-safe (pure functions over values).
@@ -30,6 +31,14 @@ struct PoolUri {
   std::optional<std::string> dir;            // emu: directory of the pool file
   std::optional<uint32_t> mode;              // emu: file mode at creation (octal)
   std::optional<uint32_t> hosts;             // create only: host slots, 1-1024
+  std::optional<uint32_t> devices;           // emu, create only: emulated devices, 1-16
+  // emu, per open: the latency / bandwidth model (emulation/access_model.h).
+  std::optional<std::string> model;  // preset: "switch" or "direct"
+  std::optional<uint32_t> latency_ns;
+  std::optional<double> bw_gbps;  // per device
+
+  // True when the URI asks for the latency / bandwidth model.
+  bool HasModel() const { return model || latency_ns || bw_gbps; }
 
   // Canonical text, parameters in a fixed order ("emu://demo?size=256M").
   std::string ToString() const;

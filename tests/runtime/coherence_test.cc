@@ -148,7 +148,8 @@ TEST_P(CoherenceTest, AnOffsetOutsideThePoolAbortsInsteadOfTouchingOtherMemory) 
 }
 
 INSTANTIATE_TEST_SUITE_P(Domains, CoherenceTest,
-                         ::testing::Values(CoherenceDomain::kHardware, CoherenceDomain::kSoftware),
+                         ::testing::Values(CoherenceDomain::kHardware, CoherenceDomain::kSoftware,
+                                           CoherenceDomain::kSimulated),
                          [](const auto& info) {
                            return std::string(CoherenceDomainName(info.param));
                          });

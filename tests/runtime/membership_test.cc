@@ -455,7 +455,8 @@ TEST_P(MembershipTest, AHostIdKeepsItsProcessesInItsOwnSlots) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Domains, MembershipTest,
-                         ::testing::Values(CoherenceDomain::kHardware, CoherenceDomain::kSoftware),
+                         ::testing::Values(CoherenceDomain::kHardware, CoherenceDomain::kSoftware,
+                                           CoherenceDomain::kSimulated),
                          [](const auto& info) {
                            return std::string(CoherenceDomainName(info.param));
                          });

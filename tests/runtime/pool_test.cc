@@ -170,16 +170,6 @@ TEST_F(PoolTest, OpeningWithoutReadWriteAccessIsPermissionDenied) {
   EXPECT_EQ(WaitExit(child), 0) << "10: cannot drop root, 11: wrong code, 12: unclear message";
 }
 
-TEST_F(PoolTest, SimulatedDomainNeedsTheSimulator) {
-  // The simulator is the emulation issue's; until it is linked, asking for
-  // it is a clear error and leaves no file.
-  std::string uri = PoolUri(dir_, "coherence=simulated");
-  auto pool = Pool::Create(uri);
-  if (pool.ok()) GTEST_SKIP() << "simulator linked in";
-  CXLRT_EXPECT_ERROR(pool, absl::StatusCode::kFailedPrecondition, "simulated");
-  EXPECT_NE(access(FileOf(uri).c_str(), F_OK), 0);
-}
-
 // --- Corruption: every case is kDataLoss naming the problem. ---
 
 TEST_F(PoolTest, BadMagicIsDataLoss) {
@@ -263,7 +253,15 @@ TEST_F(PoolTest, TableOffsetsOutOfRangeAreDataLoss) {
       {[](auto& h) { h.heap_size = 1; }, "heap at"},
       {[](auto& h) { h.pool_size = 1; }, "backing holds"},
       {[](auto& h) { h.coherence_domain = 9; }, "coherence domain is 9"},
-      {[](auto& h) { h.flags = 1; }, "flags"},
+      {[](auto& h) { h.flags = 0x80; }, "flags"},
+      {[](auto& h) { h.flags = kHeaderFlagDevices; }, "device_count is 0"},
+      {[](auto& h) {
+         h.flags = kHeaderFlagDevices;
+         h.device_count = 2;
+         h.device_size = 3ull << 20;
+       },
+       "device_size"},
+      {[](auto& h) { h.device_count = 2; }, "without the devices flag"},
       {[](auto& h) { h.header_size = 512; }, "header_size is 512"},
       {[](auto& h) { std::memset(h.name, 'x', sizeof(h.name)); }, "not NUL-terminated"},
       {[](auto& h) { h.reserved[3] = 1; }, "reserved"},
