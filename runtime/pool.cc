@@ -129,9 +129,14 @@ absl::Status Pool::ValidateHeader(const PoolHeaderLayout& h, uint64_t backing_si
                                        " but the header's bytes sum to 0x", absl::Hex(sum)));
   }
   if (h.pool_size != backing_size) {
-    return Corrupt(where, absl::StrCat("header says the pool is ", FormatBytes(h.pool_size),
-                                       " but its backing holds ", FormatBytes(backing_size),
-                                       h.pool_size > backing_size ? " (truncated?)" : ""));
+    const bool devices = (h.flags & kHeaderFlagDevices) && h.device_count > 1;
+    return Corrupt(
+        where, absl::StrCat("header says the pool is ", FormatBytes(h.pool_size),
+                            devices ? absl::StrCat(" in ", h.device_count, " devices") : "",
+                            " but its backing holds ", FormatBytes(backing_size),
+                            h.pool_size <= backing_size ? ""
+                            : devices ? " (truncated, or a device's backing is missing?)"
+                                      : " (truncated?)"));
   }
   if (h.pool_size < kMinPoolSize) {
     return Corrupt(where, absl::StrCat("pool_size ", h.pool_size, " is below the minimum ",

@@ -1,0 +1,136 @@
+// The latency / bandwidth model: delay is injected, and a device's
+// bandwidth is shared between the emulated hosts using it. Bounds are
+// orders of magnitude or guaranteed minimums, never tight timings: the
+// figures belong to `cxlrt bench pool`.
+#include "emulation/access_model.h"
+
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "runtime/pool.h"
+#include "tests/testing/test_util.h"
+
+namespace cxlrt::emulation {
+namespace {
+
+using ::cxlrt::testing::OpenUri;
+using ::cxlrt::testing::PoolUri;
+using ::cxlrt::testing::Spawn;
+using ::cxlrt::testing::TempDir;
+using ::cxlrt::testing::WaitExit;
+using runtime::NowNs;
+using runtime::Pool;
+using runtime::PoolOffset;
+
+double Ms(int64_t ns) { return static_cast<double>(ns) / 1e6; }
+
+TEST(AccessModelTest, PresetsAndExplicitValuesCombine) {
+  auto uri = runtime::ParsePoolUri("emu://m?model=switch&latency_ns=900");
+  CXLRT_ASSERT_OK(uri);
+  ModelParams p = ModelFromUri(*uri);
+  EXPECT_EQ(p.preset, "switch");
+  EXPECT_EQ(p.latency_ns, 900u) << "an explicit value overrides the preset";
+  EXPECT_EQ(p.bw_gbps, FindModelPreset("switch")->bw_gbps);
+  EXPECT_GE(FindModelPreset("switch")->latency_ns, 650u);
+  EXPECT_LE(FindModelPreset("switch")->latency_ns, 800u);
+  EXPECT_EQ(FindModelPreset("nonsense"), nullptr);
+}
+
+TEST(AccessModelTest, WithoutAModelNothingIsCharged) {
+  TempDir dir;
+  auto pool = Pool::Create(PoolUri(dir));
+  CXLRT_ASSERT_OK(pool);
+  EXPECT_EQ((*pool)->coherence().model(), nullptr);
+}
+
+TEST(AccessModelTest, EveryLoadWaitsTheConfiguredLatency) {
+  TempDir dir;
+  auto pool = Pool::Create(PoolUri(dir, "latency_ns=20000"));  // 20 us
+  CXLRT_ASSERT_OK(pool);
+  ASSERT_NE((*pool)->coherence().model(), nullptr);
+  EXPECT_NE((*pool)->coherence().model()->Describe().find("latency 20000 ns"), std::string::npos);
+  runtime::Coherence& c = (*pool)->coherence();
+  const PoolOffset x = (*pool)->header().heap_offset;
+  const int64_t t0 = NowNs();
+  uint64_t v;
+  for (int i = 0; i < 50; ++i) c.Read(&v, x, sizeof(v));
+  const int64_t elapsed = NowNs() - t0;
+  EXPECT_GE(elapsed, 50 * 20000) << "50 loads of 20 us took " << Ms(elapsed) << " ms";
+  EXPECT_LT(elapsed, 50 * 20000 * 20) << "far more delay than modeled";
+  // Stores are posted: no round trip.
+  const int64_t t1 = NowNs();
+  for (int i = 0; i < 50; ++i) c.Write(x, &v, sizeof(v));
+  EXPECT_LT(NowNs() - t1, 50 * 20000 / 2) << "plain stores waited for the device";
+}
+
+TEST(AccessModelTest, BandwidthLimitsAStream) {
+  TempDir dir;
+  auto pool = Pool::Create(PoolUri(dir, "bw_gbps=0.5", "16M"));  // 0.5 GB/s
+  CXLRT_ASSERT_OK(pool);
+  std::vector<char> buf(2 << 20, 'x');
+  const int64_t t0 = NowNs();
+  (*pool)->coherence().CopyToPool((*pool)->header().heap_offset, buf.data(), buf.size());
+  const int64_t elapsed = NowNs() - t0;
+  const double modeled = buf.size() / 0.5;  // ns
+  EXPECT_GE(elapsed, modeled * 0.99) << Ms(elapsed) << " ms for 2 MiB at 0.5 GB/s";
+  EXPECT_LT(elapsed, modeled * 10);
+}
+
+// Host processes each copying `bytes` at `offsets` through their own open
+// of `uri`, started together; returns the wall time of all of them.
+int64_t ConcurrentCopies(const std::string& uri, const std::vector<PoolOffset>& offsets,
+                         size_t bytes) {
+  std::vector<pid_t> pids;
+  // Everyone starts together, once set up (opening pre-faults the pool and
+  // a fresh buffer faults in: tens of milliseconds in our VMs).
+  const int64_t start = NowNs() + 500'000'000;
+  for (PoolOffset off : offsets) {
+    pids.push_back(Spawn([&, off] {
+      auto p = Pool::Open(uri);
+      if (!p.ok()) return 3;
+      std::vector<char> buf(bytes, 'y');
+      if (NowNs() > start) return 4;  // set-up took too long: timing would be wrong
+      WaitUntilNs(start);
+      (*p)->coherence().CopyToPool(off, buf.data(), buf.size());
+      return 0;
+    }));
+  }
+  for (pid_t pid : pids) EXPECT_EQ(WaitExit(pid), 0);
+  return NowNs() - start;
+}
+
+TEST(AccessModelTest, TwoHostsOnOneDeviceShareItsBandwidth) {
+  TempDir dir;
+  std::string uri = PoolUri(dir, "bw_gbps=0.5", "32M");
+  auto pool = Pool::Create(uri);
+  CXLRT_ASSERT_OK(pool);
+  const PoolOffset heap = (*pool)->header().heap_offset;
+  const size_t bytes = 4 << 20;
+  const int64_t both = ConcurrentCopies(OpenUri(uri) + "&bw_gbps=0.5", {heap, heap + bytes}, bytes);
+  const double one_alone = bytes / 0.5;
+  // The device's link is reserved atomically, so two streams can never
+  // finish faster than the link carries both.
+  EXPECT_GE(both, 2 * one_alone * 0.99)
+      << "2 x 4 MiB at 0.5 GB/s shared took " << Ms(both) << " ms";
+  EXPECT_LT(both, 2 * one_alone * 10);
+}
+
+TEST(AccessModelTest, EachDeviceHasItsOwnBandwidth) {
+  TempDir dir;
+  std::string uri = PoolUri(dir, "bw_gbps=0.5&devices=2", "64M");
+  auto pool = Pool::Create(uri);
+  CXLRT_ASSERT_OK(pool);
+  ASSERT_EQ((*pool)->devices().count(), 2u);
+  const size_t bytes = 8 << 20;
+  const PoolOffset on0 = (*pool)->HeapOnDevice(0).first;
+  const PoolOffset on1 = (*pool)->HeapOnDevice(1).first;
+  const std::string open = OpenUri(uri) + "&bw_gbps=0.5";
+  const int64_t apart = ConcurrentCopies(open, {on0, on1}, bytes);
+  const double one_alone = bytes / 0.5;
+  EXPECT_GE(apart, one_alone * 0.99);
+  EXPECT_LT(apart, 2 * one_alone * 0.8)
+      << "streams on two devices took " << Ms(apart) << " ms, as if they shared one link";
+}
+
+}  // namespace
+}  // namespace cxlrt::emulation
