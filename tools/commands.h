@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace cxlrt::tools {
 
@@ -15,5 +16,10 @@ int PoolDestroy(const std::string& uri, bool force);
 int PoolAttach(const std::string& uri, int slot, double seconds, int interval_ms);
 int PoolFence(const std::string& uri, int slot, bool force);
 int Doctor(bool json);
+// Starts `ranks` processes over `hosts` emulated hosts (0: one per rank) on
+// `pool` ("" : a fresh one). Returns 0, the failed rank's exit code, or 2
+// when the job could not start.
+int Run(int ranks, int hosts, const std::string& pool, double timeout_s,
+        const std::vector<std::string>& command);
 
 }  // namespace cxlrt::tools

@@ -1,8 +1,11 @@
 // cxlrt: the command line of the runtime. `cxlrt --help` lists commands.
+#include <unistd.h>
+
 #include <cstdio>
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "bench/pool_bench.h"
 #include "runtime/config.h"
 #include "runtime/log.h"
 #include "tools/commands.h"
@@ -59,6 +62,40 @@ int main(int argc, char** argv) {
   fence->add_option("slot", slot, "Host slot to fence")->required()->check(CLI::Range(0, 4095));
   fence->add_flag("--force", force, "Fence even when the host looks alive");
 
+  int ranks = 1, hosts = 0, reps = 7;
+  double timeout_s = 0;
+  std::string run_pool;
+  std::vector<std::string> command;
+  CLI::App* run = app.add_subcommand(
+      "run",
+      "Start N ranks as processes over emulated hosts on one pool; output prefixed by rank. "
+      "Usage: cxlrt run -n N [--hosts H] [--pool URI] -- CMD ARGS");
+  run->add_option("-n,--ranks", ranks, "Number of ranks (processes)")
+      ->required()
+      ->check(CLI::Range(1, 1024));
+  run->add_option("--hosts", hosts, "Emulated hosts the ranks are spread over (default: one per rank)")
+      ->check(CLI::Range(1, 1024));
+  run->add_option("--pool", run_pool,
+                  "Pool URI; created (and destroyed after) when missing and it has size=. "
+                  "Default: a fresh emu://run-PID?size=256M");
+  run->add_option("--timeout", timeout_s, "Stop every rank after this many seconds (0: never)")
+      ->check(CLI::Range(0.0, 1e7));
+  run->add_option("command", command, "Command and arguments, after --")->required();
+
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
+  bench->require_subcommand(1);
+  std::string bench_uri;
+  CLI::App* bench_pool = bench->add_subcommand(
+      "pool",
+      "Latency and bandwidth through the coherence layer (pointer chase, streams, flag "
+      "ping-pong between two emulated hosts) beside the pool's model and this machine's memcpy. "
+      "Makes its own pool from URI and destroys it after");
+  bench_pool->add_option("uri", bench_uri,
+                         "URI of a pool to create, e.g. 'emu://b?size=256M&model=switch' "
+                         "(default emu://bench-PID?size=256M)");
+  bench_pool->add_option("--reps", reps, "Repetitions (median and spread)")->check(CLI::Range(1, 1000));
+  bench_pool->add_flag("--json", json, "Machine-readable output");
+
   CLI::App* doctor = app.add_subcommand("doctor", "What this machine offers: NUMA, CXL, DAX, CUDA");
   doctor->add_flag("--json", json, "Machine-readable output");
 
@@ -94,5 +131,10 @@ int main(int argc, char** argv) {
   if (*attach) return tools::PoolAttach(uri, slot, seconds, interval_ms);
   if (*fence) return tools::PoolFence(uri, slot, force);
   if (*doctor) return tools::Doctor(json);
+  if (*run) return tools::Run(ranks, hosts, run_pool, timeout_s, command);
+  if (*bench_pool) {
+    if (bench_uri.empty()) bench_uri = "emu://bench-" + std::to_string(getpid()) + "?size=256M";
+    return bench::RunPoolBench({bench_uri, reps, json});
+  }
   return 2;
 }

@@ -3,10 +3,13 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <set>
 #include <string>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/cli_util.h"
 #include "tests/testing/test_util.h"
 
 namespace cxlrt::tools {
@@ -16,26 +19,10 @@ using ::cxlrt::testing::OpenUri;
 using ::cxlrt::testing::PoolUri;
 using ::cxlrt::testing::TempDir;
 
-struct Result {
-  int code;
-  std::string out;  // stdout and stderr together
-};
-
-Result Cxlrt(const std::string& args) {
-  std::string cmd = std::string(CXLRT_BIN) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  EXPECT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-Result CxlrtStdout(const std::string& args) { return Cxlrt(args + " 2>/dev/null"); }
-
-std::string Quote(const std::string& s) { return "'" + s + "'"; }
+using Result = ::cxlrt::testing::CliResult;
+using ::cxlrt::testing::Cxlrt;
+using ::cxlrt::testing::CxlrtStdout;
+using ::cxlrt::testing::Quote;
 
 TEST(CliTest, PoolLifecycle) {
   TempDir dir;
@@ -168,6 +155,34 @@ TEST(CliTest, ABadEnvironmentVariableIsAClearError) {
       Cxlrt("doctor 2>&1 </dev/null; CXLRT_LEASE_MS=soon " + std::string(CXLRT_BIN) + " doctor");
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_NE(bad.out.find("CXLRT_LEASE_MS='soon'"), std::string::npos) << bad.out;
+}
+
+TEST(CliTest, BenchPoolPrintsEveryMetricBesideTheModelAndMemcpy) {
+  TempDir dir;
+  const std::string uri = PoolUri(dir, "latency_ns=2000&bw_gbps=2", "64M");
+  auto r = CxlrtStdout("bench pool --json --reps 1 " + Quote(uri));
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_GT(j["memcpy_gbps"]["median"].get<double>(), 0);
+  EXPECT_EQ(j["model_latency_ns"], 2000);
+  std::set<std::string> metrics;
+  for (const auto& row : j["results"]) {
+    metrics.insert(row["metric"].get<std::string>());
+    EXPECT_GT(row["median"].get<double>(), 0) << row;
+  }
+  EXPECT_EQ(metrics, (std::set<std::string>{"pointer-chase latency", "stream write", "stream read",
+                                            "stream copy (read+write B)",
+                                            "flag ping-pong, one way"}));
+  // The model only adds delay: a modeled load never completes early.
+  EXPECT_GE(j["results"][0]["median"].get<double>(), 2000 * 0.95) << j["results"][0];
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "the benchmark left its pool behind";
+
+  // Text output, and a pool that exists already is refused.
+  const std::string taken = PoolUri(dir, "", "16M");
+  ASSERT_EQ(Cxlrt("pool create " + Quote(taken)).code, 0);
+  r = Cxlrt("bench pool --reps 1 " + Quote(taken));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("makes its own pool"), std::string::npos) << r.out;
 }
 
 }  // namespace

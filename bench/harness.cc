@@ -1,0 +1,53 @@
+#include "bench/harness.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
+#include "absl/strings/str_format.h"
+#include "runtime/coherence.h"
+
+namespace cxlrt::bench {
+
+Summary Summarize(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  Summary s;
+  s.samples = static_cast<int>(v.size());
+  s.min = v.front();
+  s.max = v.back();
+  const size_t n = v.size();
+  s.median = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  return s;
+}
+
+std::vector<double> Repeat(int reps, const std::function<double()>& fn) {
+  std::vector<double> out;
+  for (int i = 0; i < reps; ++i) out.push_back(fn());
+  return out;
+}
+
+void Prefault(void* p, size_t n) { std::memset(p, 0, n); }
+
+Summary MeasureMemcpy(size_t bytes, int reps) {
+  std::unique_ptr<char[]> a(new char[bytes]), b(new char[bytes]);
+  Prefault(a.get(), bytes);
+  Prefault(b.get(), bytes);
+  std::memcpy(b.get(), a.get(), bytes);  // warm
+  return Summarize(Repeat(reps, [&] {
+    const int64_t t0 = runtime::NowNs();
+    std::memcpy(b.get(), a.get(), bytes);
+    const int64_t t1 = runtime::NowNs();
+    asm volatile("" : : "r"(b.get()) : "memory");
+    return static_cast<double>(bytes) / static_cast<double>(t1 - t0);
+  }));
+}
+
+std::string FormatGbps(double gbps) { return absl::StrFormat("%.2f GB/s", gbps); }
+
+std::string FormatNs(double ns) {
+  if (ns >= 10000) return absl::StrFormat("%.1f us", ns / 1000);
+  if (ns >= 1000) return absl::StrFormat("%.2f us", ns / 1000);
+  return absl::StrFormat("%.0f ns", ns);
+}
+
+}  // namespace cxlrt::bench

@@ -1,0 +1,38 @@
+// What every cxlrt benchmark shares: repetitions summarised as median and
+// spread, and this machine's memcpy bandwidth measured in the same run, so
+// that results read as fractions of the machine's limit.
+// Thread-safety: plain functions; call from one thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace cxlrt::bench {
+
+struct Summary {
+  double median = 0, min = 0, max = 0;
+  int samples = 0;
+};
+
+// Median, min and max of `values`. REQUIRES: not empty.
+Summary Summarize(std::vector<double> values);
+
+// Runs `fn` `reps` times and returns what each call returned.
+std::vector<double> Repeat(int reps, const std::function<double()>& fn);
+
+// This machine's single-thread memcpy bandwidth in GB/s (10^9 B/s, bytes
+// copied per second) between two pre-faulted buffers of `bytes`, over `reps`
+// repetitions.
+Summary MeasureMemcpy(size_t bytes = 64 << 20, int reps = 7);
+
+// "14.2 GB/s", "712 ns", "1.41 us".
+std::string FormatGbps(double gbps);
+std::string FormatNs(double ns);
+
+// Pre-faults [p, p+n) (page faults cost 11-16 us each in our VMs).
+void Prefault(void* p, size_t n);
+
+}  // namespace cxlrt::bench

@@ -1,0 +1,28 @@
+// `cxlrt run`: the local multi-host launcher (emulation/launcher.h).
+#include <cstdio>
+
+#include "emulation/launcher.h"
+#include "tools/commands.h"
+
+namespace cxlrt::tools {
+
+int Run(int ranks, int hosts, const std::string& pool, double timeout_s,
+        const std::vector<std::string>& command) {
+  emulation::LaunchOptions o;
+  o.ranks = ranks;
+  if (hosts > 0) o.hosts = hosts;
+  if (!pool.empty()) o.pool = pool;
+  o.argv = command;
+  o.timeout = absl::Seconds(timeout_s);
+  auto result = emulation::Launch(o);
+  if (!result.ok()) {
+    std::fprintf(stderr, "cxlrt run: %s\n", std::string(result.status().message()).c_str());
+    return 2;
+  }
+  if (result->exit_code != 0) {
+    std::fprintf(stderr, "cxlrt run: %s\n", result->message.c_str());
+  }
+  return result->exit_code;
+}
+
+}  // namespace cxlrt::tools
