@@ -180,8 +180,8 @@ int RunPoolBench(const PoolBenchOptions& o) {
   const PoolOffset flags = heap;
   const uint64_t avail = heap_size - 4096;
   const size_t chase_bytes = std::min<uint64_t>(64 << 20, avail / 4) & ~uint64_t{4095};
-  const size_t stream_bytes =
-      std::max<uint64_t>(kChunk, std::min<uint64_t>(64 << 20, (avail - chase_bytes) / 2) & ~(kChunk - 1));
+  const size_t stream_bytes = std::max<uint64_t>(
+      kChunk, std::min<uint64_t>(64 << 20, (avail - chase_bytes) / 2) & ~(kChunk - 1));
   const PoolOffset chase = heap + 4096;
   const PoolOffset region_a = chase + chase_bytes;
   const PoolOffset region_b = region_a + stream_bytes;
@@ -195,9 +195,10 @@ int RunPoolBench(const PoolBenchOptions& o) {
   // About 50 ms a repetition whatever the latency.
   const double probe = PointerChase(c, chase, chase_bytes, 2000);
   const uint64_t hops = std::clamp<uint64_t>(static_cast<uint64_t>(50e6 / probe), 2000, 2000000);
-  rows.push_back({"pointer-chase latency", "ns",
-                  Summarize(Repeat(o.reps, [&] { return PointerChase(c, chase, chase_bytes, hops); })),
-                  has_model ? std::optional<double>(model.latency_ns) : std::nullopt});
+  rows.push_back(
+      {"pointer-chase latency", "ns",
+       Summarize(Repeat(o.reps, [&] { return PointerChase(c, chase, chase_bytes, hops); })),
+       has_model ? std::optional<double>(model.latency_ns) : std::nullopt});
 
   std::unique_ptr<char[]> local(new char[kChunk]);
   Prefault(local.get(), kChunk);
@@ -211,14 +212,14 @@ int RunPoolBench(const PoolBenchOptions& o) {
              static_cast<double>(NowNs() - t0);
     }));
   };
-  rows.push_back({"stream write", "GB/s",
-                  stream([&](uint64_t off) { c.CopyToPool(region_a + off, local.get(), kChunk); },
-                         kChunk),
-                  model_bw});
-  rows.push_back({"stream read", "GB/s",
-                  stream([&](uint64_t off) { c.CopyFromPool(local.get(), region_a + off, kChunk); },
-                         kChunk),
-                  model_bw});
+  rows.push_back(
+      {"stream write", "GB/s",
+       stream([&](uint64_t off) { c.CopyToPool(region_a + off, local.get(), kChunk); }, kChunk),
+       model_bw});
+  rows.push_back(
+      {"stream read", "GB/s",
+       stream([&](uint64_t off) { c.CopyFromPool(local.get(), region_a + off, kChunk); }, kChunk),
+       model_bw});
   rows.push_back({"stream copy (read+write B)", "GB/s",
                   stream(
                       [&](uint64_t off) {
@@ -254,11 +255,12 @@ int RunPoolBench(const PoolBenchOptions& o) {
       j["model_latency_ns"] = model.latency_ns;
       j["model_bw_gbps"] = model.bw_gbps;
     }
-    j["memcpy_gbps"] = {{"median", memcpy_bw.median}, {"min", memcpy_bw.min}, {"max", memcpy_bw.max}};
+    j["memcpy_gbps"] = {
+        {"median", memcpy_bw.median}, {"min", memcpy_bw.min}, {"max", memcpy_bw.max}};
     for (const Row& r : rows) {
-      nlohmann::json row = {{"metric", r.metric}, {"unit", r.unit}, {"median", r.measured.median},
-                            {"min", r.measured.min}, {"max", r.measured.max},
-                            {"samples", r.measured.samples}};
+      nlohmann::json row = {{"metric", r.metric},          {"unit", r.unit},
+                            {"median", r.measured.median}, {"min", r.measured.min},
+                            {"max", r.measured.max},       {"samples", r.measured.samples}};
       if (r.model) row["model"] = *r.model;
       if (r.unit == "GB/s") row["fraction_of_memcpy"] = r.measured.median / memcpy_bw.median;
       j["results"].push_back(row);

@@ -31,33 +31,19 @@ constexpr uint64_t kChunk = 64 * 1024;
 // Device clocks sit 128 B apart (one line each, no shared prefetch pair).
 constexpr size_t kClockStride = 128;
 constexpr size_t kClockFileSize = runtime::kMaxDevices * kClockStride;
+// An access that starts this soon after the same thread's previous one
+// ended is back-to-back (see Complete).
+constexpr int64_t kBackToBackNs = 200;
 
 constexpr ModelPreset kPresets[] = {
-    {"switch", 750, 25.0,
-     "a pool behind a CXL switch: 650-800 ns loads, 20-36 GB/s per x8 device"},
+    {"switch", 750, 25.0, "a pool behind a CXL switch: 650-800 ns loads, 20-36 GB/s per x8 device"},
     {"direct", 250, 30.0, "a directly attached CXL expander: 2-3x local DRAM latency"},
 };
-
-// The cost of one NowNs() call here (26 ns in our VMs): the median of a
-// few hundred back-to-back reads.
-int64_t ClockReadNs() {
-  static const int64_t cost = [] {
-    int64_t d[301];
-    for (int64_t& x : d) {
-      const int64_t a = runtime::NowNs();
-      x = runtime::NowNs() - a;
-    }
-    std::nth_element(d, d + 150, d + 301);
-    return d[150];
-  }();
-  return cost;
-}
 
 class DeviceModel final : public runtime::AccessModel {
  public:
   DeviceModel(const ModelParams& p, const runtime::DeviceMap& devices, uint8_t* clocks)
       : params_(p),
-        latency_target_ns_(std::max<int64_t>(0, int64_t{p.latency_ns} - ClockReadNs())),
         ns_per_byte_(p.bw_gbps > 0 ? 1.0 / p.bw_gbps : 0.0),
         single_device_(devices.count() == 1),
         devices_(devices),
@@ -67,18 +53,25 @@ class DeviceModel final : public runtime::AccessModel {
   }
 
   void Complete(PoolOffset off, size_t bytes, bool round_trip, int64_t start_ns) override {
+    // Back-to-back accesses of one thread (a pointer chase, a poll loop) are
+    // timed from the end of the previous one: the few tens of nanoseconds
+    // the emulator itself spends between them are not the device's.
+    thread_local const DeviceModel* last_model = nullptr;
+    thread_local int64_t last_end = 0;
     int64_t t = start_ns;
+    if (last_model == this && start_ns - last_end < kBackToBackNs) t = std::min(t, last_end);
     if (ns_per_byte_ > 0 && bytes > 0) {
       // Walk the range device by device, chunk by chunk (no allocation:
       // this runs on every access).
       const PoolOffset end = off + bytes;
       while (off < end) {
         const uint32_t device = single_device_ ? 0 : devices_.DeviceOf(off);
-        const uint64_t len = single_device_
-                                 ? std::min(kChunk, end - off)
-                                 : std::min({kChunk, end - off, devices_.Span(device).second - off});
+        const uint64_t len =
+            single_device_ ? std::min(kChunk, end - off)
+                           : std::min({kChunk, end - off, devices_.Span(device).second - off});
         const int64_t cost = std::llround(static_cast<double>(len) * ns_per_byte_);
-        std::atomic_ref<int64_t> clock(*reinterpret_cast<int64_t*>(clocks_ + device * kClockStride));
+        std::atomic_ref<int64_t> clock(
+            *reinterpret_cast<int64_t*>(clocks_ + device * kClockStride));
         // The link is busy until `clock`; take the next `cost` of it.
         int64_t busy = clock.load(std::memory_order_relaxed);
         int64_t done;
@@ -90,8 +83,10 @@ class DeviceModel final : public runtime::AccessModel {
         if (off < end) WaitUntilNs(t);  // let other hosts' chunks in
       }
     }
-    if (round_trip) t += latency_target_ns_;
+    if (round_trip) t += params_.latency_ns;
     WaitUntilNs(t);
+    last_model = this;
+    last_end = t;
   }
 
   std::string Describe() const override {
@@ -108,10 +103,6 @@ class DeviceModel final : public runtime::AccessModel {
 
  private:
   const ModelParams params_;
-  // An access is timed from a clock read taken before it and ends at the
-  // first clock read past its deadline, so it lasts about one clock read
-  // longer than the wait; the target latency leaves that read out.
-  const int64_t latency_target_ns_;
   const double ns_per_byte_;
   const bool single_device_;
   const runtime::DeviceMap devices_;
@@ -188,7 +179,8 @@ void WaitUntilNs(int64_t deadline_ns) {
     // Long waits sleep most of the way; the last stretch spins for accuracy.
     if (deadline_ns - now > 200000) {
       const int64_t sleep_ns = deadline_ns - now - 100000;
-      timespec ts{static_cast<time_t>(sleep_ns / 1000000000), static_cast<long>(sleep_ns % 1000000000)};
+      timespec ts{static_cast<time_t>(sleep_ns / 1000000000),
+                  static_cast<long>(sleep_ns % 1000000000)};
       nanosleep(&ts, nullptr);
     } else if (deadline_ns - now > 2000) {
       _mm_pause();  // ~140 cycles on recent Intel cores: too coarse near the end

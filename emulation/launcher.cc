@@ -103,7 +103,8 @@ int ExitCodeOf(int status) {
 }
 
 std::string Describe(int code) {
-  if (code > 128) return absl::StrCat("was killed by signal ", code - 128, " (", strsignal(code - 128), ")");
+  if (code > 128)
+    return absl::StrCat("was killed by signal ", code - 128, " (", strsignal(code - 128), ")");
   return absl::StrCat("exited with code ", code);
 }
 
@@ -134,14 +135,14 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& o) {
   }
   const int hosts = o.hosts.value_or(o.ranks);
   if (hosts < 1 || hosts > o.ranks) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--hosts ", hosts, " must be in [1, ", o.ranks, "] (one rank per host at least)"));
+    return absl::InvalidArgumentError(absl::StrCat("--hosts ", hosts, " must be in [1, ", o.ranks,
+                                                   "] (one rank per host at least)"));
   }
-  if (o.argv.empty()) return absl::InvalidArgumentError("no command to run (cxlrt run -n N -- CMD)");
+  if (o.argv.empty())
+    return absl::InvalidArgumentError("no command to run (cxlrt run -n N -- CMD)");
 
   // The pool: opened when it exists, else created (and later destroyed).
-  const std::string uri_text =
-      o.pool.value_or(absl::StrCat("emu://run-", getpid(), "?size=256M"));
+  const std::string uri_text = o.pool.value_or(absl::StrCat("emu://run-", getpid(), "?size=256M"));
   CXLRT_ASSIGN_OR_RETURN(runtime::PoolUri uri, runtime::ParsePoolUri(uri_text));
   bool created = false;
   uint32_t slots = 0;
@@ -164,10 +165,10 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& o) {
   const int most_per_host = (o.ranks + hosts - 1) / hosts;
   if (slots_per_host < most_per_host) {
     cleanup();
-    return absl::InvalidArgumentError(absl::StrCat(
-        uri.Identity(), " has ", slots, " host slots: too few for ", o.ranks, " ranks on ",
-        hosts, " hosts (", most_per_host, " per host); create it with hosts=",
-        most_per_host * hosts, " or more"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(uri.Identity(), " has ", slots, " host slots: too few for ", o.ranks,
+                     " ranks on ", hosts, " hosts (", most_per_host,
+                     " per host); create it with hosts=", most_per_host * hosts, " or more"));
   }
 
   std::vector<char*> argv;
@@ -205,7 +206,8 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& o) {
       signal(SIGINT, SIG_DFL);
       signal(SIGTERM, SIG_DFL);
       execvp(argv[0], argv.data());
-      std::string msg = absl::StrCat("cxlrt run: cannot run '", o.argv[0], "': ", strerror(errno), "\n");
+      std::string msg =
+          absl::StrCat("cxlrt run: cannot run '", o.argv[0], "': ", strerror(errno), "\n");
       WriteAll(2, msg);
       _exit(127);
     }
@@ -217,7 +219,8 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& o) {
       for (Rank& k : ranks) {
         if (k.running) kill(-k.pid, SIGKILL);
       }
-      return absl::ResourceExhaustedError(absl::StrCat("cannot fork rank ", r, ": ", strerror(errno)));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot fork rank ", r, ": ", strerror(errno)));
     }
     setpgid(pid, pid);  // also here: no race with the child's own call
     fcntl(out[0], F_SETFL, O_NONBLOCK);
@@ -232,7 +235,7 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& o) {
   int running = o.ranks;
   const absl::Time job_deadline =
       o.timeout > absl::ZeroDuration() ? absl::Now() + o.timeout : absl::InfiniteFuture();
-  std::optional<absl::Time> kill_at;   // SIGKILL the rest then
+  std::optional<absl::Time> kill_at;    // SIGKILL the rest then
   std::optional<absl::Time> reaped_at;  // all ranks gone; stop reading soon after
   int stopped = 0;
   auto stop_all = [&] {
@@ -290,7 +293,8 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& o) {
     }
     if (absl::Now() > job_deadline && !kill_at) {
       result.exit_code = 124;
-      result.message = absl::StrCat("the job ran past its timeout of ", absl::FormatDuration(o.timeout));
+      result.message =
+          absl::StrCat("the job ran past its timeout of ", absl::FormatDuration(o.timeout));
       stop_all();
     }
     if (kill_at && absl::Now() > *kill_at) {

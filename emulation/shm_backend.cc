@@ -118,10 +118,9 @@ BackendInfo BaseInfo(const PoolUri& uri) {
 
 // Maps `paths` (opened in `b.fds`) one after another into one reservation of
 // `device_size` * paths.size() bytes and makes the backend.
-absl::StatusOr<std::unique_ptr<MemoryBackend>> MapAll(Building& b, BackendInfo info,
-                                                      const std::vector<std::string>& paths,
-                                                      uint64_t device_size, bool creating,
-                                                      const std::vector<runtime::NodeChoice>& nodes) {
+absl::StatusOr<std::unique_ptr<MemoryBackend>> MapAll(
+    Building& b, BackendInfo info, const std::vector<std::string>& paths, uint64_t device_size,
+    bool creating, const std::vector<runtime::NodeChoice>& nodes) {
   b.size = device_size * paths.size();
   void* r = mmap(nullptr, b.size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (r == MAP_FAILED) {
@@ -158,18 +157,17 @@ absl::StatusOr<std::unique_ptr<MemoryBackend>> MapAll(Building& b, BackendInfo i
 absl::StatusOr<std::unique_ptr<MemoryBackend>> CreateShm(const PoolUri& uri, uint64_t size) {
   const uint32_t count = uri.devices.value_or(1);
   if (size % (uint64_t{count} * runtime::kHeapAlignment) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pool size ", FormatBytes(size), " does not split into ", count,
-                     " devices of a multiple of 2 MiB each"));
+    return absl::InvalidArgumentError(absl::StrCat("pool size ", FormatBytes(size),
+                                                   " does not split into ", count,
+                                                   " devices of a multiple of 2 MiB each"));
   }
   const uint64_t device_size = size / count;
   BackendInfo info = BaseInfo(uri);
   const bool numa = numa_available() >= 0;
   CXLRT_ASSIGN_OR_RETURN(
       std::vector<runtime::NodeChoice> nodes,
-      runtime::ChooseDeviceNodes(
-          numa ? runtime::ReadNumaNodes() : std::vector<runtime::NumaNode>{}, uri.node,
-          runtime::CurrentNode(), count));
+      runtime::ChooseDeviceNodes(numa ? runtime::ReadNumaNodes() : std::vector<runtime::NumaNode>{},
+                                 uri.node, runtime::CurrentNode(), count));
   info.placement = nodes[0].reason;
   if (count > 1 && nodes[0].node != nodes[count - 1].node) {
     info.placement = absl::StrCat(count, " devices round-robin over the CPU-less nodes");
@@ -232,9 +230,9 @@ absl::StatusOr<std::unique_ptr<MemoryBackend>> OpenShm(const PoolUri& uri) {
     }
     if (d == 0) device_size = bytes;
     if (bytes != device_size || bytes % 4096 != 0) {
-      return absl::DataLossError(
-          absl::StrCat("pool ", uri.Identity(), " is corrupt: device file ", path, " holds ",
-                       bytes, " bytes but device 0 holds ", device_size));
+      return absl::DataLossError(absl::StrCat("pool ", uri.Identity(), " is corrupt: device file ",
+                                              path, " holds ", bytes, " bytes but device 0 holds ",
+                                              device_size));
     }
     paths.push_back(path);
   }

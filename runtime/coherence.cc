@@ -58,12 +58,8 @@ class HardwareCoherence final : public Coherence {
   using Coherence::Coherence;
   bool RmwAllowedEverywhere() const override { return true; }
   CoherenceDomain domain() const override { return CoherenceDomain::kHardware; }
-  void DoWrite(PoolOffset dst, const void* src, size_t n) override {
-    std::memcpy(At(dst), src, n);
-  }
-  void DoRead(void* dst, PoolOffset src, size_t n) override {
-    std::memcpy(dst, At(src), n);
-  }
+  void DoWrite(PoolOffset dst, const void* src, size_t n) override { std::memcpy(At(dst), src, n); }
+  void DoRead(void* dst, PoolOffset src, size_t n) override { std::memcpy(dst, At(src), n); }
   void DoFlush(PoolOffset, size_t) override { std::atomic_thread_fence(std::memory_order_release); }
   void DoInvalidate(PoolOffset, size_t) override {
     std::atomic_thread_fence(std::memory_order_acquire);
@@ -99,12 +95,8 @@ class SoftwareCoherence final : public Coherence {
         writeback_(GetCpuFeatures().writeback),
         invalidate_(GetCpuFeatures().invalidate) {}
   CoherenceDomain domain() const override { return CoherenceDomain::kSoftware; }
-  void DoWrite(PoolOffset dst, const void* src, size_t n) override {
-    std::memcpy(At(dst), src, n);
-  }
-  void DoRead(void* dst, PoolOffset src, size_t n) override {
-    std::memcpy(dst, At(src), n);
-  }
+  void DoWrite(PoolOffset dst, const void* src, size_t n) override { std::memcpy(At(dst), src, n); }
+  void DoRead(void* dst, PoolOffset src, size_t n) override { std::memcpy(dst, At(src), n); }
   void DoFlush(PoolOffset off, size_t n) override {
     FlushWith(writeback_, At(off), n);
     _mm_sfence();  // write-backs complete before any later store

@@ -157,8 +157,7 @@ class Coherence {
   // REQUIRES: `off` 8-byte aligned (else kInvalidArgument).
   absl::StatusOr<uint64_t> AtomicFetchAdd(PoolOffset off, uint64_t delta);
   // Returns whether it swapped; `expected` gets the value seen.
-  absl::StatusOr<bool> AtomicCompareExchange(PoolOffset off, uint64_t& expected,
-                                             uint64_t desired);
+  absl::StatusOr<bool> AtomicCompareExchange(PoolOffset off, uint64_t& expected, uint64_t desired);
   // Declares [off, off+len) coherent for this host's atomic RMW.
   void DeclareCoherentWindow(PoolOffset off, uint64_t len);
 

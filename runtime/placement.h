@@ -35,9 +35,7 @@ class DeviceMap {
   uint64_t pool_size() const { return pool_size_; }
 
   // The device holding `off`. REQUIRES: off < pool_size().
-  uint32_t DeviceOf(PoolOffset off) const {
-    return static_cast<uint32_t>(off / device_size_);
-  }
+  uint32_t DeviceOf(PoolOffset off) const { return static_cast<uint32_t>(off / device_size_); }
   // [begin, end) of device `d`. REQUIRES: d < count().
   std::pair<PoolOffset, PoolOffset> Span(uint32_t d) const {
     return {uint64_t{d} * device_size_, uint64_t{d + 1} * device_size_};

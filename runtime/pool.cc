@@ -130,13 +130,13 @@ absl::Status Pool::ValidateHeader(const PoolHeaderLayout& h, uint64_t backing_si
   }
   if (h.pool_size != backing_size) {
     const bool devices = (h.flags & kHeaderFlagDevices) && h.device_count > 1;
-    return Corrupt(
-        where, absl::StrCat("header says the pool is ", FormatBytes(h.pool_size),
-                            devices ? absl::StrCat(" in ", h.device_count, " devices") : "",
-                            " but its backing holds ", FormatBytes(backing_size),
-                            h.pool_size <= backing_size ? ""
-                            : devices ? " (truncated, or a device's backing is missing?)"
-                                      : " (truncated?)"));
+    return Corrupt(where,
+                   absl::StrCat("header says the pool is ", FormatBytes(h.pool_size),
+                                devices ? absl::StrCat(" in ", h.device_count, " devices") : "",
+                                " but its backing holds ", FormatBytes(backing_size),
+                                h.pool_size <= backing_size ? ""
+                                : devices ? " (truncated, or a device's backing is missing?)"
+                                          : " (truncated?)"));
   }
   if (h.pool_size < kMinPoolSize) {
     return Corrupt(where, absl::StrCat("pool_size ", h.pool_size, " is below the minimum ",
@@ -157,11 +157,11 @@ absl::Status Pool::ValidateHeader(const PoolHeaderLayout& h, uint64_t backing_si
                                          kMaxDevices, ")"));
     }
     if (h.device_size == 0 || h.device_size % kHeapAlignment != 0 ||
-        h.device_size != h.pool_size / h.device_count ||
-        h.pool_size % h.device_count != 0) {
-      return Corrupt(where, absl::StrCat("device_size is ", h.device_size, " but ",
-                                         h.device_count, " devices of 2 MiB multiples must make "
-                                         "up the pool of ", h.pool_size, " bytes"));
+        h.device_size != h.pool_size / h.device_count || h.pool_size % h.device_count != 0) {
+      return Corrupt(where, absl::StrCat("device_size is ", h.device_size, " but ", h.device_count,
+                                         " devices of 2 MiB multiples must make "
+                                         "up the pool of ",
+                                         h.pool_size, " bytes"));
     }
   } else if (h.device_count != 0 || h.device_size != 0) {
     return Corrupt(where, absl::StrCat("device_count ", h.device_count, " and device_size ",
@@ -225,8 +225,7 @@ Pool::Pool(PoolUri uri, std::unique_ptr<MemoryBackend> backend,
       backend_(std::move(backend)),
       coherence_(std::move(coherence)),
       header_(header),
-      devices_(header.pool_size,
-               (header.flags & kHeaderFlagDevices) ? header.device_count : 1) {}
+      devices_(header.pool_size, (header.flags & kHeaderFlagDevices) ? header.device_count : 1) {}
 
 Pool::~Pool() = default;
 
@@ -381,9 +380,9 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::Open(absl::string_view uri_text) {
   const uint32_t header_devices = (h.flags & kHeaderFlagDevices) ? h.device_count : 1;
   const size_t backing_devices = std::max<size_t>(1, backend->info().devices.size());
   if (backing_devices != header_devices) {
-    return Corrupt(where, absl::StrCat("the header says ", header_devices,
-                                       " devices but the backing has ", backing_devices,
-                                       " (a device's backing is missing or extra)"));
+    return Corrupt(where,
+                   absl::StrCat("the header says ", header_devices, " devices but the backing has ",
+                                backing_devices, " (a device's backing is missing or extra)"));
   }
   for (const BackendDevice& d : backend->info().devices) {
     if (d.size != h.device_size) {

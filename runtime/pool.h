@@ -138,8 +138,8 @@ class Pool {
 
 // Makes the access model a URI asks for (latency_ns=, bw_gbps=, model=);
 // emulation/ registers it. Without one, such a URI is kFailedPrecondition.
-using AccessModelFactory = absl::StatusOr<std::unique_ptr<AccessModel>> (*)(
-    const PoolUri& uri, const DeviceMap& devices);
+using AccessModelFactory =
+    absl::StatusOr<std::unique_ptr<AccessModel>> (*)(const PoolUri& uri, const DeviceMap& devices);
 void RegisterAccessModelFactory(AccessModelFactory factory);
 
 // Checksum helpers for the records of pool_layout.h (shared with tests).

@@ -232,9 +232,9 @@ absl::StatusOr<std::vector<NodeChoice>> ChooseDeviceNodes(const std::vector<Numa
   if (!requested && count > 1 && cpuless.size() > 1) {
     for (uint32_t d = 0; d < count; ++d) {
       const NumaNode& n = *cpuless[d % cpuless.size()];
-      out.push_back({n.id, absl::StrCat("node ", n.id, ": CPU-less memory node ",
-                                        d % cpuless.size() + 1, " of ", cpuless.size(),
-                                        ", one per device round-robin")});
+      out.push_back(
+          {n.id, absl::StrCat("node ", n.id, ": CPU-less memory node ", d % cpuless.size() + 1,
+                              " of ", cpuless.size(), ", one per device round-robin")});
     }
     return out;
   }

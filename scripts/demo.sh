@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Quick start, command 1: install, build, and run the demo on an emulated
-# pool: two emulated hosts (two processes) attach and see each other's
-# heartbeats, then `cxlrt pool info` and `cxlrt pool check`.
+# pool: `cxlrt run` starts two emulated hosts (two processes) that attach
+# and see each other's heartbeats, then `cxlrt pool info`, `cxlrt pool
+# check`, and `cxlrt bench pool` on an emulated switch-attached CXL pool.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -19,20 +20,20 @@ echo
 echo "== cxlrt pool create $uri"
 $cxlrt pool create "$uri"
 echo
-echo "== two emulated hosts attach for 3 s and watch each other"
-$cxlrt pool attach "$pool" --seconds 3 --interval-ms 500 &
-first=$!
-sleep 0.3
-$cxlrt pool attach "$pool" --seconds 3 --interval-ms 500 &
-second=$!
+echo "== cxlrt run: two emulated hosts (two processes) attach for 3 s and watch each other"
+$cxlrt run -n 2 --pool "$pool" -- "$cxlrt" pool attach --seconds 3 --interval-ms 500 &
+job=$!
 sleep 1.5
 echo
 echo "== cxlrt pool info $pool (while both are attached)"
 $cxlrt pool info "$pool"
-wait "$first" "$second"
+wait "$job"
 echo
 echo "== cxlrt pool check $pool"
 $cxlrt pool check "$pool"
+echo
+echo "== cxlrt bench pool: the coherence layer on an emulated switch-attached CXL pool"
+$cxlrt bench pool "emu://demo-bench-$$?size=128M&model=switch" --reps 3
 echo
 echo "== cxlrt pool destroy $pool"
 $cxlrt pool destroy "$pool"

@@ -73,7 +73,8 @@ int main(int argc, char** argv) {
   run->add_option("-n,--ranks", ranks, "Number of ranks (processes)")
       ->required()
       ->check(CLI::Range(1, 1024));
-  run->add_option("--hosts", hosts, "Emulated hosts the ranks are spread over (default: one per rank)")
+  run->add_option("--hosts", hosts,
+                  "Emulated hosts the ranks are spread over (default: one per rank)")
       ->check(CLI::Range(1, 1024));
   run->add_option("--pool", run_pool,
                   "Pool URI; created (and destroyed after) when missing and it has size=. "
@@ -93,7 +94,8 @@ int main(int argc, char** argv) {
   bench_pool->add_option("uri", bench_uri,
                          "URI of a pool to create, e.g. 'emu://b?size=256M&model=switch' "
                          "(default emu://bench-PID?size=256M)");
-  bench_pool->add_option("--reps", reps, "Repetitions (median and spread)")->check(CLI::Range(1, 1000));
+  bench_pool->add_option("--reps", reps, "Repetitions (median and spread)")
+      ->check(CLI::Range(1, 1000));
   bench_pool->add_flag("--json", json, "Machine-readable output");
 
   CLI::App* doctor = app.add_subcommand("doctor", "What this machine offers: NUMA, CXL, DAX, CUDA");

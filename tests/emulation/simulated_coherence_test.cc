@@ -97,7 +97,8 @@ TEST_F(SimulatedTest, FlushKeepsTheLineCachedAndInvalidateDropsIt) {
   WriteU64(hosts_.a(), x, 1);
   EXPECT_EQ(SimulatedCachedLines(hosts_.a()), before + 1);
   hosts_.a().Flush(x, 8);
-  EXPECT_EQ(SimulatedCachedLines(hosts_.a()), before + 1) << "flush is a write-back, not an eviction";
+  EXPECT_EQ(SimulatedCachedLines(hosts_.a()), before + 1)
+      << "flush is a write-back, not an eviction";
   hosts_.a().Invalidate(x, 8);
   EXPECT_EQ(SimulatedCachedLines(hosts_.a()), before);
 }

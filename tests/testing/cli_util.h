@@ -16,9 +16,9 @@ struct CliResult {
   std::string out;  // stdout and stderr together, unless the args redirect
 };
 
-// Runs `cxlrt ARGS` through the shell.
-inline CliResult Cxlrt(const std::string& args) {
-  std::string cmd = std::string(CXLRT_BIN) + " " + args + " 2>&1";
+// Runs `cxlrt ARGS REDIRECT` through the shell and collects its stdout.
+inline CliResult RunCxlrt(const std::string& args, const std::string& redirect) {
+  std::string cmd = std::string(CXLRT_BIN) + " " + args + " " + redirect;
   FILE* p = popen(cmd.c_str(), "r");
   EXPECT_NE(p, nullptr);
   std::string out;
@@ -29,18 +29,10 @@ inline CliResult Cxlrt(const std::string& args) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
+// Stdout and stderr together.
+inline CliResult Cxlrt(const std::string& args) { return RunCxlrt(args, "2>&1"); }
 // Stdout only.
-inline CliResult CxlrtStdout(const std::string& args) {
-  std::string cmd = std::string(CXLRT_BIN) + " " + args + " 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  EXPECT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+inline CliResult CxlrtStdout(const std::string& args) { return RunCxlrt(args, "2>/dev/null"); }
 
 inline std::string Quote(const std::string& s) { return "'" + s + "'"; }
 

@@ -170,9 +170,9 @@ TEST(CliTest, BenchPoolPrintsEveryMetricBesideTheModelAndMemcpy) {
     metrics.insert(row["metric"].get<std::string>());
     EXPECT_GT(row["median"].get<double>(), 0) << row;
   }
-  EXPECT_EQ(metrics, (std::set<std::string>{"pointer-chase latency", "stream write", "stream read",
-                                            "stream copy (read+write B)",
-                                            "flag ping-pong, one way"}));
+  EXPECT_EQ(metrics,
+            (std::set<std::string>{"pointer-chase latency", "stream write", "stream read",
+                                   "stream copy (read+write B)", "flag ping-pong, one way"}));
   // The model only adds delay: a modeled load never completes early.
   EXPECT_GE(j["results"][0]["median"].get<double>(), 2000 * 0.95) << j["results"][0];
   EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "the benchmark left its pool behind";
