@@ -30,6 +30,18 @@ constexpr FaultPointInfo kFaultPoints[] = {
     {"membership.heartbeat", "the heartbeat thread is about to beat"},
     {"membership.fence.locked", "fence holds the pool lock; the victim's control line is unchanged"},
     {"membership.detach.locked", "detach holds the pool lock; the slot is still attached"},
+    {"alloc.claim.after_entry",
+     "a segment claim wrote the segment's table entry (owned, under the pool lock); its header is not initialised"},
+    {"alloc.huge.after_tails",
+     "a huge allocation marked its tail segments; its head entry is not written"},
+    {"alloc.allocate.done",
+     "a small block is marked allocated and handed out; the caller has not got it yet"},
+    {"alloc.free.after_bitmap",
+     "a free cleared the block's alloc bit; the arena's counters are not yet published"},
+    {"alloc.remote_free.after_entry",
+     "a remote free wrote its ring entry; the ring head is not yet published"},
+    {"alloc.recover.reclaimed",
+     "recovery freed a dead arena's private blocks; its counters and rings are not yet done"},
 };
 
 std::mutex g_mu;

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -510,6 +511,86 @@ absl::StatusOr<std::vector<RegionInfo>> Pool::ListRegions() const {
                              e.generation});
   }
   return out;
+}
+
+absl::StatusOr<uint32_t> Pool::CreateRegion(absl::string_view name, PoolOffset offset,
+                                            uint64_t size, uint32_t owner_host) {
+  RegionEntryLayout e = {};
+  if (name.empty() || name.size() >= sizeof(e.name)) {
+    return absl::InvalidArgumentError(absl::StrCat("region name '", name, "' must be 1-",
+                                                   sizeof(e.name) - 1, " bytes"));
+  }
+  if (size == 0 || offset < header_.heap_offset || offset > header_.pool_size ||
+      size > header_.pool_size - offset || offset % 64 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("region '", name, "' [", offset, ", +", size,
+                                                   ") is not a 64 B aligned range of the heap"));
+  }
+  std::optional<uint32_t> slot;
+  uint64_t generation = 0;
+  for (uint32_t i = 0; i < header_.directory_entry_count; ++i) {
+    RegionEntryLayout cur;
+    bool zero = false;
+    if (!ReadRecord(*coherence_, DirectoryEntryOffset(i), &cur, RegionEntryChecksum, &zero)) {
+      return Corrupt(identity_, absl::StrCat("region directory entry ", i,
+                                                       " checksum mismatch"));
+    }
+    const bool live = !zero && cur.state == static_cast<uint32_t>(RegionState::kLive);
+    if (live && SafeString(cur.name, sizeof(cur.name)) == name) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("a region named '", name, "' already exists in ", identity_));
+    }
+    if (!live && !slot) {
+      slot = i;
+      generation = zero ? 0 : cur.generation;
+    }
+  }
+  if (!slot) {
+    return absl::ResourceExhaustedError(absl::StrCat("the region directory of ", identity_,
+                                                     " is full (", header_.directory_entry_count,
+                                                     " entries)"));
+  }
+  e.generation = generation + 1;
+  e.state = static_cast<uint32_t>(RegionState::kLive);
+  e.owner_host = owner_host;
+  e.offset = offset;
+  e.size = size;
+  std::memcpy(e.name, name.data(), name.size());
+  e.checksum = RegionEntryChecksum(e);
+  coherence_->PublishObject(DirectoryEntryOffset(*slot), e);
+  return *slot;
+}
+
+absl::Status Pool::DeleteRegion(uint32_t index) {
+  if (index >= header_.directory_entry_count) {
+    return absl::InvalidArgumentError(absl::StrCat("region index ", index, " out of range"));
+  }
+  RegionEntryLayout e;
+  bool zero = false;
+  if (!ReadRecord(*coherence_, DirectoryEntryOffset(index), &e, RegionEntryChecksum, &zero)) {
+    return Corrupt(identity_, absl::StrCat("region directory entry ", index, " checksum mismatch"));
+  }
+  if (zero || e.state != static_cast<uint32_t>(RegionState::kLive)) {
+    return absl::NotFoundError(absl::StrCat("region directory entry ", index, " is not live"));
+  }
+  e.generation += 1;
+  e.state = static_cast<uint32_t>(RegionState::kEmpty);
+  e.checksum = RegionEntryChecksum(e);
+  coherence_->PublishObject(DirectoryEntryOffset(index), e);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RegionInfo> Pool::FindRegion(absl::string_view name) const {
+  CXLRT_ASSIGN_OR_RETURN(std::vector<RegionInfo> regions, ListRegions());
+  for (const RegionInfo& r : regions) {
+    if (r.name != name) continue;
+    if (r.offset < header_.heap_offset || r.offset > header_.pool_size ||
+        r.size > header_.pool_size - r.offset || r.size == 0) {
+      return Corrupt(identity_, absl::StrCat("region '", name, "' [", r.offset, ", +", r.size,
+                                             ") lies outside the heap"));
+    }
+    return r;
+  }
+  return absl::NotFoundError(absl::StrCat("no region named '", name, "' in ", identity_));
 }
 
 absl::Status Pool::Check(std::vector<std::string>* problems_out) const {

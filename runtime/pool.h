@@ -117,6 +117,19 @@ class Pool {
   // The live entries of the region directory. kDataLoss on a corrupt entry.
   absl::StatusOr<std::vector<RegionInfo>> ListRegions() const;
 
+  // Publishes a live directory entry `name` -> [offset, offset+size) made by
+  // host `owner_host`. Returns its index; kAlreadyExists when a live entry
+  // has the name, kResourceExhausted when the directory is full,
+  // kInvalidArgument for a bad name or a range outside the heap.
+  // REQUIRES: the caller holds the pool lock (Membership::WithPoolLock).
+  absl::StatusOr<uint32_t> CreateRegion(absl::string_view name, PoolOffset offset, uint64_t size,
+                                        uint32_t owner_host);
+  // Marks entry `index` empty. kNotFound when it is not live.
+  // REQUIRES: the caller holds the pool lock.
+  absl::Status DeleteRegion(uint32_t index);
+  // The live entry named `name`, bounds-checked. kNotFound when none.
+  absl::StatusOr<RegionInfo> FindRegion(absl::string_view name) const;
+
   // Full audit of header, host table and region directory. Returns OK, or
   // kDataLoss summarising every problem; each problem is also appended to
   // `problems` when given.

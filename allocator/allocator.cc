@@ -1,0 +1,439 @@
+#include "allocator/allocator.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "allocator/internal/arena.h"
+#include "allocator/size_classes.h"
+#include "runtime/fault.h"
+#include "runtime/log.h"
+#include "runtime/status_macros.h"
+
+namespace cxlrt::allocator {
+
+using allocator_internal::ArenaState;
+using allocator_internal::HeapMeta;
+using allocator_internal::LockRunner;
+
+namespace {
+
+const LockRunner kHeld = [](const std::function<absl::Status()>& fn) { return fn(); };
+
+}  // namespace
+
+Allocator::Allocator(runtime::Pool& pool, runtime::Membership& membership,
+                     const AllocatorOptions& options)
+    : pool_(pool),
+      membership_(membership),
+      options_(options),
+      slot_(membership.slot()),
+      epoch_(membership.epoch()) {}
+
+absl::StatusOr<std::unique_ptr<Allocator>> Allocator::Open(runtime::Pool& pool,
+                                                           runtime::Membership& membership,
+                                                           const AllocatorOptions& options) {
+  std::unique_ptr<Allocator> a(new Allocator(pool, membership, options));
+  CXLRT_RETURN_IF_ERROR(a->Init());
+  if (options.tick > absl::ZeroDuration()) {
+    a->tick_thread_ = std::thread([p = a.get()] { p->TickLoop(); });
+  }
+  return a;
+}
+
+absl::Status Allocator::Init() {
+  // Make the allocator's tables when the pool has none (under the pool
+  // lock; the directory entry, written last, is the commit point).
+  auto header = allocator_internal::ReadAllocatorHeader(pool_);
+  if (!header.ok() && header.status().code() == absl::StatusCode::kNotFound) {
+    CXLRT_RETURN_IF_ERROR(membership_.WithPoolLock([&]() -> absl::Status {
+      if (pool_.FindRegion(kAllocatorRegionName).ok()) return absl::OkStatus();  // raced
+      CXLRT_ASSIGN_OR_RETURN(AllocatorHeaderLayout h, allocator_internal::PlanLayout(pool_));
+      runtime::Coherence& c = pool_.coherence();
+      static const uint8_t kZeros[64 << 10] = {};
+      const uint64_t bytes = uint64_t{h.meta_segments} * kSegmentSize;
+      for (uint64_t off = 0; off < bytes; off += sizeof(kZeros)) {
+        c.CopyToPool(h.first_segment + off, kZeros, std::min<uint64_t>(sizeof(kZeros), bytes - off));
+      }
+      HeapMeta meta(pool_, h);
+      for (uint32_t i = 0; i < h.meta_segments; ++i) {
+        SegmentEntryLayout e = {};
+        e.generation = 1;
+        e.state = static_cast<uint32_t>(SegmentState::kMeta);
+        meta.WriteEntry(i, e);
+      }
+      c.PublishObject(h.first_segment, h);
+      return pool_.CreateRegion(kAllocatorRegionName, h.first_segment, bytes, slot_).status();
+    }));
+    header = allocator_internal::ReadAllocatorHeader(pool_);
+  }
+  if (!header.ok()) return header.status();
+  header_ = *header;
+  meta_ = std::make_unique<HeapMeta>(pool_, header_);
+  const HeapMeta& meta = *meta_;
+
+  // Take over this slot's arena: a previous incarnation's private blocks
+  // are reclaimed first.
+  auto arena = std::make_unique<ArenaState>(meta, slot_, /*use_cache=*/true);
+  CXLRT_RETURN_IF_ERROR(membership_.WithPoolLock([&]() -> absl::Status {
+    CXLRT_RETURN_IF_ERROR(arena->Load());
+    if (arena->owner_epoch() != epoch_) {
+      CXLRT_RETURN_IF_ERROR(arena->ReclaimPrivate());
+      std::vector<uint64_t> tails(meta.slots());
+      for (uint32_t p = 0; p < meta.slots(); ++p) {
+        tails[p] = pool_.coherence().LoadFlag(meta.TailOffset(slot_, p));
+      }
+      arena->DrainRings(&tails, kHeld);
+      arena->set_owner_epoch(epoch_);
+      arena->PublishCounters();
+    }
+    return absl::OkStatus();
+  }));
+  arena_ = std::move(arena);
+  my_heads_.resize(meta.slots());
+  for (uint32_t o = 0; o < meta.slots(); ++o) {
+    my_heads_[o] = pool_.coherence().LoadFlag(meta.HeadOffset(slot_, o));
+  }
+  pending_.resize(meta.slots());
+  return absl::OkStatus();
+}
+
+Allocator::~Allocator() {
+  absl::Status s = Close();
+  if (!s.ok() && s.code() != absl::StatusCode::kFailedPrecondition) {
+    CXLRT_LOG(kWarning) << "closing the allocator of " << pool_.name() << ": " << s;
+  }
+}
+
+absl::Status Allocator::CheckUsable() {
+  if (closed_) return absl::FailedPreconditionError("the allocator is closed");
+  if (membership_.fenced()) {
+    return absl::AbortedError(absl::StrCat("host ", slot_, " was fenced from ", pool_.name(),
+                                           ": its allocator may not write the pool"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PoolOffset> Allocator::Allocate(uint64_t size, const AllocOptions& options) {
+  if (size == 0) return absl::InvalidArgumentError("cannot allocate 0 bytes");
+  uint64_t alignment = std::max<uint64_t>(options.alignment, 64);
+  if ((alignment & (alignment - 1)) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("alignment ", options.alignment, " is not a power of two"));
+  }
+  const uint64_t heap = uint64_t{header_.segment_count - header_.meta_segments} * kSegmentSize;
+  if (size > heap) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot allocate ", size, " bytes: the heap of ",
+                                                   pool_.name(), " holds ", heap));
+  }
+  if (alignment > heap) {
+    return absl::InvalidArgumentError(absl::StrCat("alignment ", alignment, " exceeds the heap"));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  CXLRT_RETURN_IF_ERROR(CheckUsable());
+  const LockRunner with_lock = [this](const std::function<absl::Status()>& fn) {
+    return membership_.WithPoolLock(fn);
+  };
+  auto off = arena_->Allocate(size, alignment, options.durable, with_lock);
+  if (off.ok() || off.status().code() != absl::StatusCode::kResourceExhausted) return off;
+  // Full: take back what other hosts freed, then try once more.
+  CXLRT_RETURN_IF_ERROR(DrainRings());
+  return arena_->Allocate(size, alignment, options.durable, with_lock);
+}
+
+absl::Status Allocator::Free(PoolOffset offset) {
+  std::lock_guard<std::mutex> lock(mu_);
+  CXLRT_RETURN_IF_ERROR(CheckUsable());
+  return FreeLocked(offset, /*allow_named=*/false);
+}
+
+absl::Status Allocator::FreeLocked(PoolOffset offset, bool allow_named) {
+  if (arena_->Owns(offset)) {
+    return arena_->Free(offset, allow_named, [this](const std::function<absl::Status()>& fn) {
+      return membership_.WithPoolLock(fn);
+    });
+  }
+  return RemoteFree(offset, allow_named);
+}
+
+absl::Status Allocator::RemoteFree(PoolOffset off, bool allow_named) {
+  const HeapMeta& meta = *meta_;
+  runtime::Coherence& c = pool_.coherence();
+  auto index = meta.SegmentOf(off);
+  if (!index) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool offset 0x", absl::Hex(off), " is not in the heap's data segments [0x",
+                     absl::Hex(meta.SegOffset(header_.meta_segments)), ", 0x",
+                     absl::Hex(meta.SegOffset(header_.segment_count)), ")"));
+  }
+  CXLRT_ASSIGN_OR_RETURN(SegmentEntryLayout e, meta.ReadEntry(*index));
+  const PoolOffset base = meta.SegOffset(*index);
+  const auto state = static_cast<SegmentState>(e.state);
+  bool durable = false;
+  switch (state) {
+    case SegmentState::kSlab: {
+      const uint64_t bs = kClassSizes[e.size_class];
+      const uint64_t rel = off - base;
+      if (rel < kSegmentHeaderSize || (rel - kSegmentHeaderSize) % bs != 0 ||
+          (rel - kSegmentHeaderSize) / bs >= SlabBlocks(e.size_class)) {
+        return absl::InvalidArgumentError(absl::StrCat("pool offset 0x", absl::Hex(off),
+                                                       " is not the start of a block (blocks of ",
+                                                       bs, " bytes)"));
+      }
+      const uint64_t b = (rel - kSegmentHeaderSize) / bs;
+      uint64_t words[2];
+      c.Fetch(&words[0], base + kAllocBitmapOffset + b / 64 * 8, 8);
+      c.Fetch(&words[1], base + kDurableBitmapOffset + b / 64 * 8, 8);
+      if (!((words[0] >> (b % 64)) & 1)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "double free: the block at 0x", absl::Hex(off), " of host ", e.owner, " is not allocated"));
+      }
+      durable = (words[1] >> (b % 64)) & 1;
+      break;
+    }
+    case SegmentState::kPages: {
+      const uint64_t rel = off - base;
+      uint8_t run = 0;
+      if (rel % kPageSize == 0 && rel > 0) c.Fetch(&run, base + kRunLengthOffset + rel / kPageSize, 1);
+      if (run == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "pool offset 0x", absl::Hex(off), " is not the start of an allocated block"));
+      }
+      uint64_t dw = 0;
+      c.Fetch(&dw, base + kDurableBitmapOffset, 8);
+      durable = (dw >> (rel / kPageSize)) & 1;
+      break;
+    }
+    case SegmentState::kHugeHead:
+      if (off != base) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "pool offset 0x", absl::Hex(off), " is inside the block starting at 0x", absl::Hex(base)));
+      }
+      durable = e.durable != 0;
+      break;
+    case SegmentState::kHugeTail:
+      return absl::InvalidArgumentError(absl::StrCat("pool offset 0x", absl::Hex(off),
+                                                     " is inside a block that starts at segment ",
+                                                     e.head_index));
+    default:
+      return absl::FailedPreconditionError(absl::StrCat(
+          "double free: pool offset 0x", absl::Hex(off), " is in a free segment"));
+  }
+  if (durable && !allow_named) {
+    for (const auto& r : pool_.ListRegions().value_or(std::vector<runtime::RegionInfo>{})) {
+      if (r.offset == off) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the block at 0x", absl::Hex(off), " is published as '", r.name, "': free it with FreeNamed"));
+      }
+    }
+  }
+  const uint32_t owner = e.owner;
+  uint64_t owner_epoch = 0;
+  c.Fetch(&owner_epoch, meta.ArenaOffset(owner) + offsetof(ArenaLayout, owner_epoch), 8);
+  if (owner_epoch == 0) {
+    // Nobody owns that arena (its host left or died and was recovered): free
+    // it in place, as the pool-lock holder.
+    return membership_.WithPoolLock([&]() -> absl::Status {
+      ArenaState other(meta, owner, /*use_cache=*/false);
+      CXLRT_RETURN_IF_ERROR(other.Load());
+      if (other.owner_epoch() != 0) {  // owned again meanwhile: use the ring
+        pending_[owner].push_back(off);
+        return absl::OkStatus();
+      }
+      CXLRT_RETURN_IF_ERROR(other.Free(off, true, kHeld));
+      other.PublishCounters();
+      return absl::OkStatus();
+    });
+  }
+  pending_[owner].push_back(off);
+  PushPending(owner);
+  return absl::OkStatus();
+}
+
+void Allocator::PushPending(uint32_t owner) {
+  auto& q = pending_[owner];
+  if (q.empty()) return;
+  const HeapMeta& meta = *meta_;
+  runtime::Coherence& c = pool_.coherence();
+  const uint32_t cap = header_.ring_capacity;
+  const uint64_t tail = c.LoadFlag(meta.TailOffset(owner, slot_));
+  uint64_t& head = my_heads_[owner];
+  if (head < tail || head - tail > cap) {
+    CXLRT_LOG(kError) << "free ring from host " << slot_ << " to host " << owner
+                      << " is corrupt (head " << head << ", tail " << tail << ")";
+    return;
+  }
+  const uint64_t n = std::min<uint64_t>(cap - (head - tail), q.size());
+  for (uint64_t k = 0; k < n; ++k) {
+    c.Write(meta.RingOffset(slot_, owner) + ((head + k) % cap) * 8, &q[k], 8);
+  }
+  if (n == 0) return;
+  c.Flush(meta.RingOffset(slot_, owner), uint64_t{cap} * 8);
+  CXLRT_FAULT_POINT("alloc.remote_free.after_entry");
+  head += n;
+  c.StoreFlag(meta.HeadOffset(slot_, owner), head);
+  q.erase(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(n));
+}
+
+absl::Status Allocator::DrainRings() {
+  const HeapMeta& meta = *meta_;
+  std::vector<uint64_t> tails(meta.slots());
+  for (uint32_t p = 0; p < meta.slots(); ++p) {
+    tails[p] = pool_.coherence().LoadFlag(meta.TailOffset(slot_, p));
+  }
+  arena_->DrainRings(&tails, [this](const std::function<absl::Status()>& fn) {
+    return membership_.WithPoolLock(fn);
+  });
+  arena_->PublishCounters();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> Allocator::BlockSize(PoolOffset offset) {
+  std::lock_guard<std::mutex> lock(mu_);
+  CXLRT_RETURN_IF_ERROR(CheckUsable());
+  return arena_->BlockSize(offset);
+}
+
+absl::StatusOr<PoolOffset> Allocator::AllocateNamed(absl::string_view name, uint64_t size,
+                                                    const AllocOptions& options) {
+  AllocOptions o = options;
+  o.durable = true;
+  CXLRT_ASSIGN_OR_RETURN(PoolOffset off, Allocate(size, o));
+  absl::Status st = membership_.WithPoolLock(
+      [&] { return pool_.CreateRegion(name, off, size, slot_).status(); });
+  if (!st.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    absl::Status undo = FreeLocked(off, /*allow_named=*/true);
+    if (!undo.ok()) {
+      CXLRT_LOG(kError) << "could not free the block of failed name '" << name << "': " << undo;
+    }
+    return st;
+  }
+  return off;
+}
+
+absl::StatusOr<NamedBlock> Allocator::Find(absl::string_view name) {
+  CXLRT_ASSIGN_OR_RETURN(runtime::RegionInfo r, pool_.FindRegion(name));
+  return NamedBlock{r.offset, r.size, r.owner_host};
+}
+
+absl::Status Allocator::FreeNamed(absl::string_view name) {
+  if (name == kAllocatorRegionName) {
+    return absl::InvalidArgumentError("the allocator's own region cannot be freed");
+  }
+  PoolOffset off = 0;
+  CXLRT_RETURN_IF_ERROR(membership_.WithPoolLock([&]() -> absl::Status {
+    CXLRT_ASSIGN_OR_RETURN(runtime::RegionInfo r, pool_.FindRegion(name));
+    off = r.offset;
+    return pool_.DeleteRegion(r.index);
+  }));
+  std::lock_guard<std::mutex> lock(mu_);
+  CXLRT_RETURN_IF_ERROR(CheckUsable());
+  return FreeLocked(off, /*allow_named=*/true);
+}
+
+absl::Status Allocator::Tick() {
+  std::lock_guard<std::mutex> lock(mu_);
+  CXLRT_RETURN_IF_ERROR(CheckUsable());
+  for (uint32_t o = 0; o < pending_.size(); ++o) PushPending(o);
+  return DrainRings();
+}
+
+void Allocator::TickLoop() {
+  std::unique_lock<std::mutex> lock(tick_mu_);
+  while (!tick_cv_.wait_for(lock, absl::ToChronoNanoseconds(options_.tick), [&] { return tick_stop_; })) {
+    lock.unlock();
+    absl::Status s = Tick();
+    if (s.ok() && options_.recover_dead_hosts && absl::Now() >= next_recovery_) {
+      next_recovery_ = absl::Now() + std::max(membership_.lease() / 4, absl::Milliseconds(50));
+      auto r = RecoverDeadHosts();
+      if (!r.ok()) {
+        CXLRT_LOG(kWarning) << "recovering dead hosts: " << r.status();
+      }
+    }
+    lock.lock();
+  }
+}
+
+absl::StatusOr<std::vector<uint32_t>> Allocator::RecoverDeadHosts() {
+  const HeapMeta& meta = *meta_;
+  CXLRT_ASSIGN_OR_RETURN(std::vector<runtime::HostView> hosts, membership_.Hosts());
+  std::vector<uint32_t> recovered;
+  for (const runtime::HostView& v : hosts) {
+    const uint32_t s = v.record.slot;
+    if (v.liveness != runtime::Liveness::kDead && v.liveness != runtime::Liveness::kFenced) continue;
+    if (v.liveness == runtime::Liveness::kDead) {
+      absl::Status f = membership_.Fence(s);
+      if (!f.ok() && f.code() != absl::StatusCode::kFailedPrecondition) return f;
+      if (!f.ok()) continue;  // came back to life, or someone else fenced it
+    }
+    CXLRT_RETURN_IF_ERROR(membership_.WithPoolLock([&]() -> absl::Status {
+      auto rec = pool_.ReadHost(s);
+      if (!rec.ok() || rec->state != runtime::SlotState::kFenced) return absl::OkStatus();
+      ArenaState dead(meta, s, /*use_cache=*/false);
+      CXLRT_RETURN_IF_ERROR(dead.Load());
+      CXLRT_RETURN_IF_ERROR(dead.ReclaimPrivate());
+      std::vector<uint64_t> tails(meta.slots());
+      for (uint32_t p = 0; p < meta.slots(); ++p) {
+        tails[p] = pool_.coherence().LoadFlag(meta.TailOffset(s, p));
+      }
+      dead.DrainRings(&tails, kHeld);
+      dead.set_owner_epoch(0);
+      dead.PublishCounters();
+      return absl::OkStatus();
+    }));
+    if (absl::Status r = membership_.Release(s); !r.ok()) {
+      if (r.code() != absl::StatusCode::kFailedPrecondition) return r;
+      continue;  // released (and maybe re-taken) by someone else meanwhile
+    }
+    CXLRT_LOG(kInfo) << "host " << slot_ << " recovered the arena of dead host " << s;
+    recovered.push_back(s);
+  }
+  return recovered;
+}
+
+HostStats Allocator::LocalStats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return arena_->Stats();
+}
+
+absl::Status Allocator::Close() {
+  {
+    std::lock_guard<std::mutex> lock(tick_mu_);
+    tick_stop_ = true;
+  }
+  tick_cv_.notify_all();
+  if (tick_thread_.joinable()) tick_thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_ || !arena_) return absl::FailedPreconditionError("the allocator is already closed");
+  closed_ = true;
+  if (membership_.fenced()) return absl::AbortedError("this host was fenced: nothing written");
+  // Queued frees: a few tries while owners drain, then give up (logged).
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    bool left = false;
+    for (uint32_t o = 0; o < pending_.size(); ++o) {
+      PushPending(o);
+      left |= !pending_[o].empty();
+    }
+    if (!left) break;
+    if (attempt == 99) {
+      CXLRT_LOG(kWarning) << "host " << slot_ << " closes with frees for other hosts still queued";
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  arena_->FlushCache();
+  const HeapMeta& meta = *meta_;
+  return membership_.WithPoolLock([&]() -> absl::Status {
+    std::vector<uint64_t> tails(meta.slots());
+    for (uint32_t p = 0; p < meta.slots(); ++p) {
+      tails[p] = pool_.coherence().LoadFlag(meta.TailOffset(slot_, p));
+    }
+    arena_->DrainRings(&tails, kHeld);
+    CXLRT_RETURN_IF_ERROR(arena_->ReclaimPrivate());
+    arena_->set_owner_epoch(0);
+    arena_->PublishCounters();
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace cxlrt::allocator

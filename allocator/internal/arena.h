@@ -1,0 +1,185 @@
+// Internal to allocator/: the allocator's tables in a pool (HeapMeta) and
+// one arena's state mirrored in process memory (ArenaState). The owner of
+// an arena keeps an ArenaState for it; recovery and frees into an unowned
+// arena build one under the pool lock, so one piece of code writes arena
+// metadata in every case.
+//
+// Mirrors: the pool holds each segment's alloc and durable bitmaps (the
+// truth that survives a crash); the ArenaState holds copies, plus which
+// blocks are handed out to callers (process-local: a block can be
+// allocated in the pool but free in the owner's cache). Every change is
+// written to the pool before the call returns.
+//
+// Thread-safety: HeapMeta is thread-safe; an ArenaState is not (the
+// Allocator's mutex or the pool lock guards it).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "allocator/allocator.h"
+#include "allocator/allocator_layout.h"
+#include "runtime/pool.h"
+
+namespace cxlrt::allocator_internal {
+
+using allocator::AllocatorHeaderLayout;
+using allocator::ArenaLayout;
+using allocator::SegmentEntryLayout;
+using allocator::SegmentHeaderLayout;
+using allocator::SegmentState;
+using runtime::PoolOffset;
+
+uint32_t EntryChecksum(const SegmentEntryLayout& e);
+uint32_t SegmentHeaderChecksum(const SegmentHeaderLayout& h);
+uint32_t AllocatorHeaderChecksum(const AllocatorHeaderLayout& h);
+
+// Reads and validates the allocator header of `pool`: kNotFound when the
+// pool has no allocator, kDataLoss naming what is wrong.
+absl::StatusOr<AllocatorHeaderLayout> ReadAllocatorHeader(const runtime::Pool& pool);
+
+// The layout an allocator of `pool` gets (for Init). kResourceExhausted
+// when the tables would leave no segment for data.
+absl::StatusOr<AllocatorHeaderLayout> PlanLayout(const runtime::Pool& pool);
+
+class HeapMeta {
+ public:
+  HeapMeta(const runtime::Pool& pool, const AllocatorHeaderLayout& h) : pool_(pool), h_(h) {}
+
+  const AllocatorHeaderLayout& header() const { return h_; }
+  runtime::Coherence& c() const { return pool_.coherence(); }
+  const runtime::Pool& pool() const { return pool_; }
+  uint32_t slots() const { return h_.host_slots; }
+
+  PoolOffset SegOffset(uint32_t i) const { return h_.first_segment + uint64_t{i} * h_.segment_size; }
+  PoolOffset EntryOffset(uint32_t i) const { return h_.segment_table + uint64_t{i} * 64; }
+  PoolOffset ArenaOffset(uint32_t s) const { return h_.arenas + uint64_t{s} * allocator::kArenaSize; }
+  PoolOffset HeadOffset(uint32_t p, uint32_t o) const {
+    return h_.ring_heads + uint64_t{p} * h_.row_stride + uint64_t{o} * 8;
+  }
+  PoolOffset TailOffset(uint32_t o, uint32_t p) const {
+    return h_.ring_tails + uint64_t{o} * h_.row_stride + uint64_t{p} * 8;
+  }
+  uint64_t RingRowBytes() const;
+  PoolOffset RingOffset(uint32_t p, uint32_t o) const {
+    return h_.ring_entries + uint64_t{p} * RingRowBytes() + uint64_t{o} * h_.ring_capacity * 8;
+  }
+  // The data segment holding `off`, or nullopt outside [first data
+  // segment, end of heap).
+  std::optional<uint32_t> SegmentOf(PoolOffset off) const;
+
+  // Entry i, checksum-verified (torn reads retried). kDataLoss when corrupt.
+  absl::StatusOr<SegmentEntryLayout> ReadEntry(uint32_t i) const;
+  // Publishes entry i with its checksum. REQUIRES: the pool lock is held.
+  void WriteEntry(uint32_t i, SegmentEntryLayout e) const;
+  // The static header of segment i when it is valid for `entry` (magic,
+  // checksum, generation, state); nullopt otherwise (a claim that did not
+  // finish).
+  std::optional<SegmentHeaderLayout> ReadSegmentHeader(uint32_t i,
+                                                       const SegmentEntryLayout& entry) const;
+
+ private:
+  const runtime::Pool& pool_;
+  const AllocatorHeaderLayout h_;
+};
+
+// Runs `fn` holding the pool lock (or directly, when the caller already
+// holds it).
+using LockRunner = std::function<absl::Status(const std::function<absl::Status()>&)>;
+
+class ArenaState {
+ public:
+  // `use_cache`: keep freed small blocks allocated in a local cache (the
+  // owner's fast path); recovery and offline frees write straight through.
+  ArenaState(const HeapMeta& meta, uint32_t slot, bool use_cache);
+  ~ArenaState();
+
+  // Reads the arena's segments, bitmaps and counters from the pool. Blocks
+  // already allocated count as handed out (whoever holds them).
+  absl::Status Load();
+
+  uint64_t owner_epoch() const { return owner_epoch_; }
+  void set_owner_epoch(uint64_t e) { owner_epoch_ = e; }
+  uint64_t rejected_frees() const { return rejected_frees_; }
+  void CountRejectedFree() { ++rejected_frees_; }
+
+  // Recovery: frees every private block, releases segments left empty,
+  // never initialised or orphaned. REQUIRES: the pool lock is held and no
+  // live host owns the arena (or the caller is its new owner).
+  absl::Status ReclaimPrivate();
+  // Applies the frees queued in every ring to this arena and consumes them
+  // (`tails`: this arena's consumer tails, one per producer, updated).
+  // Returns how many were applied; refused ones are counted and logged.
+  uint64_t DrainRings(std::vector<uint64_t>* tails, const LockRunner& lock);
+  // Returns cached blocks to the slabs.
+  void FlushCache();
+
+  absl::StatusOr<PoolOffset> Allocate(uint64_t size, uint64_t alignment, bool durable,
+                                      const LockRunner& lock);
+  // Frees a block of this arena. `allow_named` false: a durable block that
+  // is published by name is refused. kInvalidArgument / kFailedPrecondition
+  // as Allocator::Free.
+  absl::Status Free(PoolOffset off, bool allow_named, const LockRunner& lock);
+  absl::StatusOr<uint64_t> BlockSize(PoolOffset off) const;
+  bool Owns(PoolOffset off) const;
+  // True when `off` starts a durable block of this arena; `usable` gets its size.
+  bool IsDurableBlockStart(PoolOffset off, uint64_t* usable) const;
+
+  // Appends to `problems` every invariant of this arena that does not hold
+  // (docs/allocator.md): what Load found wrong in the bitmaps and segments,
+  // and published counters that disagree with the bitmaps.
+  // REQUIRES: Load() succeeded.
+  void Audit(std::vector<std::string>* problems) const;
+  // The counters as published in the pool when Load() read them.
+  const ArenaLayout& published() const { return published_; }
+
+  // Publishes the counters (the seqlock bumps around them).
+  void PublishCounters();
+  allocator::HostStats Stats() const;
+
+ private:
+  struct Segment;
+
+  Segment* Mine(PoolOffset off, uint32_t* index) const;
+  absl::StatusOr<PoolOffset> AllocSmall(uint32_t cls, bool durable, const LockRunner& lock);
+  absl::StatusOr<PoolOffset> AllocPages(uint32_t pages, bool durable, const LockRunner& lock);
+  absl::StatusOr<PoolOffset> AllocHuge(uint64_t size, uint64_t alignment, bool durable,
+                                       const LockRunner& lock);
+  // Marks up to `want` free blocks of segment `s` allocated and caches them.
+  uint32_t Refill(Segment& s, uint32_t want);
+  // Claims a free segment as a slab of `cls` (or a page segment).
+  absl::StatusOr<Segment*> Claim(SegmentState state, uint32_t cls, const LockRunner& lock);
+  // Gives segment `s` back to the free pool. REQUIRES: the pool lock.
+  void ReleaseLocked(Segment& s);
+  absl::Status ReleaseIfEmpty(Segment& s, const LockRunner& lock);
+  void WriteBits(Segment& s, bool durable_map, uint32_t word);
+  void WriteRun(Segment& s, uint32_t page);
+  void BeginBatch();
+  void EndBatch();
+  absl::StatusOr<bool> IsNamed(PoolOffset off) const;
+
+  const HeapMeta& meta_;
+  const uint32_t slot_;
+  const bool use_cache_;
+  uint64_t version_ = 0;
+  uint64_t owner_epoch_ = 0;
+  uint64_t rejected_frees_ = 0;
+  int batch_depth_ = 0;
+  std::vector<std::unique_ptr<Segment>> segs_;  // by segment index; null: not this arena's
+  std::array<std::vector<uint32_t>, allocator::kNumClasses> class_segs_;
+  std::array<std::vector<PoolOffset>, allocator::kNumClasses> cache_;
+  std::array<allocator::ClassStats, allocator::kNumClasses> counts_{};
+  uint64_t pages_allocated_ = 0, pages_durable_ = 0, huge_segments_ = 0, huge_bytes_ = 0;
+  uint64_t page_bytes_ = 0;
+  ArenaLayout published_{};
+  std::vector<std::string> load_problems_;
+};
+
+}  // namespace cxlrt::allocator_internal

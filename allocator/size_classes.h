@@ -1,0 +1,32 @@
+// Size classes of the pooled allocator: multiples of 64 B from 64 B to
+// 256 KiB, two per doubling (c and 1.5c), so internal waste stays under a
+// third. Blocks of a class live in slab segments; blocks start 64 KiB into
+// the segment, so a power-of-two class is aligned to min(class, 64 KiB).
+// Thread-safe (constant tables).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "allocator/allocator_layout.h"
+
+namespace cxlrt::allocator {
+
+inline constexpr uint32_t kClassSizes[kNumClasses] = {
+    64,    128,   192,   256,   384,   512,    768,    1024,   1536,   2048,   3072,   4096,
+    6144,  8192,  12288, 16384, 24576, 32768,  49152,  65536,  98304,  131072, 196608, 262144};
+inline constexpr uint64_t kMaxSmallSize = 262144;
+
+// Blocks of class `c` in one slab segment.
+constexpr uint32_t SlabBlocks(uint32_t c) {
+  return static_cast<uint32_t>((kSegmentSize - kSegmentHeaderSize) / kClassSizes[c]);
+}
+static_assert(SlabBlocks(0) <= kMaxBitmapWords * 64);
+
+// The class of a block of `size` bytes aligned to `alignment` (a power of
+// two >= 64), or nullopt when a slab cannot serve it.
+// Invariant: kClassSizes[c] >= size, and the class's blocks are aligned to
+// `alignment`.
+std::optional<uint32_t> ClassFor(uint64_t size, uint64_t alignment);
+
+}  // namespace cxlrt::allocator

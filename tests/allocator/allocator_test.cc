@@ -1,0 +1,337 @@
+// The pooled allocator in one process: every size path, alignment, named
+// blocks, statistics, bad input, cross-host frees between two hosts of one
+// process, and what Close leaves behind. Audit() is clean after each.
+#include "allocator/allocator.h"
+
+#include <algorithm>
+#include <random>
+#include <vector>
+
+#include "allocator/size_classes.h"
+#include "gtest/gtest.h"
+#include "runtime/membership.h"
+#include "tests/testing/test_util.h"
+
+namespace cxlrt::allocator {
+namespace {
+
+using ::cxlrt::testing::OpenUri;
+using ::cxlrt::testing::PoolUri;
+using ::cxlrt::testing::TempDir;
+using runtime::CoherenceDomain;
+using runtime::Membership;
+using runtime::Pool;
+
+// One emulated host: its own open of the pool, membership and allocator.
+struct Host {
+  std::unique_ptr<Pool> pool;
+  std::unique_ptr<Membership> membership;
+  std::unique_ptr<Allocator> alloc;
+};
+
+Host OpenHost(const std::string& uri, bool create = false, AllocatorOptions options = {}) {
+  Host h;
+  auto pool = create ? Pool::Create(uri) : Pool::Open(uri);
+  EXPECT_TRUE(pool.ok()) << pool.status();
+  h.pool = std::move(*pool);
+  runtime::AttachOptions ao;
+  ao.host_id = -1;
+  auto m = Membership::Attach(*h.pool, ao);
+  EXPECT_TRUE(m.ok()) << m.status();
+  h.membership = std::move(*m);
+  options.tick = absl::ZeroDuration();  // deterministic: tests call Tick()
+  auto a = Allocator::Open(*h.pool, *h.membership, options);
+  EXPECT_TRUE(a.ok()) << a.status();
+  if (a.ok()) h.alloc = std::move(*a);
+  return h;
+}
+
+void ExpectAuditClean(const Pool& pool) {
+  std::vector<std::string> problems;
+  absl::Status s = Audit(pool, &problems);
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// Fills [off, off+n) with bytes derived from `off` and checks them back.
+void Fill(Pool& pool, PoolOffset off, uint64_t n) {
+  std::vector<uint8_t> b(n);
+  for (uint64_t i = 0; i < n; ++i) b[i] = static_cast<uint8_t>((off >> 6) + i * 31);
+  pool.coherence().CopyToPool(off, b.data(), n);
+}
+bool Check(Pool& pool, PoolOffset off, uint64_t n) {
+  std::vector<uint8_t> b(n);
+  pool.coherence().CopyFromPool(b.data(), off, n);
+  for (uint64_t i = 0; i < n; ++i) {
+    if (b[i] != static_cast<uint8_t>((off >> 6) + i * 31)) return false;
+  }
+  return true;
+}
+
+class AllocatorTest : public ::testing::TestWithParam<CoherenceDomain> {
+ protected:
+  void SetUp() override {
+    create_ = PoolUri(dir_, absl::StrCat("coherence=", runtime::CoherenceDomainName(GetParam())),
+                      "64M");
+    a_ = OpenHost(create_, true);
+    ASSERT_NE(a_.alloc, nullptr);
+  }
+  Host Second() { return OpenHost(OpenUri(create_)); }
+
+  TempDir dir_;
+  std::string create_;
+  Host a_;
+};
+
+TEST_P(AllocatorTest, EverySizeClassGivesDisjointAlignedBlocksThatHoldTheirBytes) {
+  std::vector<std::pair<PoolOffset, uint64_t>> blocks;
+  for (uint32_t c = 0; c < kNumClasses; ++c) {
+    for (uint64_t size : {uint64_t{kClassSizes[c]} - 1, uint64_t{kClassSizes[c]}}) {
+      if (size == 0) continue;
+      for (int k = 0; k < 3; ++k) {
+        auto off = a_.alloc->Allocate(size);
+        ASSERT_TRUE(off.ok()) << size << ": " << off.status();
+        EXPECT_EQ(*off % 64, 0u);
+        auto usable = a_.alloc->BlockSize(*off);
+        ASSERT_TRUE(usable.ok());
+        EXPECT_GE(*usable, size);
+        EXPECT_EQ(*usable, ClassFor(size, 64) ? kClassSizes[*ClassFor(size, 64)] : 0);
+        Fill(*a_.pool, *off, size);
+        blocks.push_back({*off, size});
+      }
+    }
+  }
+  std::sort(blocks.begin(), blocks.end());
+  for (size_t i = 1; i < blocks.size(); ++i) {
+    EXPECT_LE(blocks[i - 1].first + blocks[i - 1].second, blocks[i].first) << "blocks overlap";
+  }
+  for (auto [off, size] : blocks) EXPECT_TRUE(Check(*a_.pool, off, size)) << off;
+  CXLRT_ASSERT_OK(a_.alloc->Tick());
+  ExpectAuditClean(*a_.pool);
+  for (auto [off, size] : blocks) CXLRT_EXPECT_OK(a_.alloc->Free(off));
+  HostStats st = a_.alloc->LocalStats();
+  EXPECT_EQ(st.bytes_in_use, 0u);
+  CXLRT_ASSERT_OK(a_.alloc->Tick());
+  ExpectAuditClean(*a_.pool);
+}
+
+TEST_P(AllocatorTest, PageRunsAndHugeBlocksServeLargeSizes) {
+  std::vector<PoolOffset> got;
+  for (uint64_t size : {uint64_t{300} << 10, uint64_t{1} << 20, uint64_t{1984} << 10,
+                        (uint64_t{2} << 20) + 1, uint64_t{5} << 20}) {
+    auto off = a_.alloc->Allocate(size);
+    ASSERT_TRUE(off.ok()) << size << ": " << off.status();
+    auto usable = a_.alloc->BlockSize(*off);
+    ASSERT_TRUE(usable.ok());
+    EXPECT_GE(*usable, size);
+    EXPECT_EQ(*off % kPageSize, 0u);
+    if (size > (uint64_t{1984} << 10)) {
+      EXPECT_EQ(*off % kSegmentSize, 0u) << "huge blocks are whole segments";
+    }
+    Fill(*a_.pool, *off, size);
+    got.push_back(*off);
+  }
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_TRUE(Check(*a_.pool, got[i], 100));
+  }
+  HostStats st = a_.alloc->LocalStats();
+  EXPECT_GT(st.pages_allocated, 0u);
+  EXPECT_EQ(st.huge_segments, 2u + 3u);  // 2 MiB + 1 B and 5 MiB
+  ExpectAuditClean(*a_.pool);
+  for (PoolOffset off : got) CXLRT_EXPECT_OK(a_.alloc->Free(off));
+  EXPECT_EQ(a_.alloc->LocalStats().bytes_in_use, 0u);
+  ExpectAuditClean(*a_.pool);
+}
+
+TEST_P(AllocatorTest, AlignmentIsHonouredUpToWholeSegments) {
+  for (uint64_t align : {uint64_t{128}, uint64_t{4096}, uint64_t{65536}, uint64_t{2} << 20}) {
+    for (uint64_t size : {uint64_t{100}, uint64_t{5000}, uint64_t{70000}}) {
+      auto off = a_.alloc->Allocate(size, {.alignment = align});
+      ASSERT_TRUE(off.ok()) << size << "/" << align << ": " << off.status();
+      EXPECT_EQ(*off % align, 0u) << size << " aligned to " << align;
+      CXLRT_EXPECT_OK(a_.alloc->Free(*off));
+    }
+  }
+  CXLRT_EXPECT_ERROR(a_.alloc->Allocate(100, {.alignment = 96}), absl::StatusCode::kInvalidArgument,
+                     "not a power of two");
+  ExpectAuditClean(*a_.pool);
+}
+
+TEST_P(AllocatorTest, BadRequestsAreClearErrorsAndLeaveTheHeapConsistent) {
+  CXLRT_EXPECT_ERROR(a_.alloc->Allocate(0), absl::StatusCode::kInvalidArgument, "0 bytes");
+  CXLRT_EXPECT_ERROR(a_.alloc->Allocate(1ull << 40), absl::StatusCode::kInvalidArgument,
+                     "the heap of");
+  CXLRT_EXPECT_ERROR(a_.alloc->Free(16), absl::StatusCode::kInvalidArgument, "not in the heap");
+  CXLRT_EXPECT_ERROR(a_.alloc->Free(a_.pool->size() + 4096), absl::StatusCode::kInvalidArgument,
+                     "not in the heap");
+  auto off = a_.alloc->Allocate(1000);
+  ASSERT_TRUE(off.ok());
+  CXLRT_EXPECT_ERROR(a_.alloc->Free(*off + 64), absl::StatusCode::kInvalidArgument,
+                     "not the start of a block");
+  CXLRT_ASSERT_OK(a_.alloc->Free(*off));
+  CXLRT_EXPECT_ERROR(a_.alloc->Free(*off), absl::StatusCode::kFailedPrecondition, "double free");
+  auto big = a_.alloc->Allocate(3 << 20);
+  ASSERT_TRUE(big.ok());
+  CXLRT_EXPECT_ERROR(a_.alloc->Free(*big + (2 << 20)), absl::StatusCode::kInvalidArgument,
+                     "inside");
+  CXLRT_ASSERT_OK(a_.alloc->Free(*big));
+  CXLRT_EXPECT_ERROR(a_.alloc->Free(*big), absl::StatusCode::kFailedPrecondition, "double free");
+  ExpectAuditClean(*a_.pool);
+
+  // Fill the heap with huge blocks until it is full: a clear error, and
+  // everything frees back.
+  std::vector<PoolOffset> all;
+  absl::StatusOr<PoolOffset> r;
+  while ((r = a_.alloc->Allocate(4 << 20)).ok()) all.push_back(*r);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_NE(std::string(r.status().message()).find("longest free run"), std::string::npos)
+      << r.status();
+  EXPECT_FALSE(all.empty());
+  ExpectAuditClean(*a_.pool);
+  for (PoolOffset o : all) CXLRT_EXPECT_OK(a_.alloc->Free(o));
+  ExpectAuditClean(*a_.pool);
+}
+
+TEST_P(AllocatorTest, NamedBlocksAreFoundByOtherHostsAndFreedOnlyByName) {
+  auto off = a_.alloc->AllocateNamed("comm/job7/slots", 5000);
+  ASSERT_TRUE(off.ok()) << off.status();
+  Fill(*a_.pool, *off, 5000);
+  CXLRT_EXPECT_ERROR(a_.alloc->AllocateNamed("comm/job7/slots", 10),
+                     absl::StatusCode::kAlreadyExists, "already exists");
+  Host b = Second();
+  ASSERT_NE(b.alloc, nullptr);
+  auto found = b.alloc->Find("comm/job7/slots");
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(found->offset, *off);
+  EXPECT_EQ(found->size, 5000u);
+  EXPECT_EQ(found->owner_host, a_.alloc->slot());
+  EXPECT_TRUE(Check(*b.pool, found->offset, 5000));
+  CXLRT_EXPECT_ERROR(a_.alloc->Free(*off), absl::StatusCode::kFailedPrecondition, "FreeNamed");
+  CXLRT_EXPECT_ERROR(b.alloc->Free(*off), absl::StatusCode::kFailedPrecondition, "FreeNamed");
+  CXLRT_EXPECT_ERROR(b.alloc->Find("nope"), absl::StatusCode::kNotFound, "nope");
+  ExpectAuditClean(*a_.pool);
+  // Another host frees it by name: the block goes back to its owner.
+  CXLRT_ASSERT_OK(b.alloc->FreeNamed("comm/job7/slots"));
+  CXLRT_EXPECT_ERROR(b.alloc->Find("comm/job7/slots"), absl::StatusCode::kNotFound, "no region");
+  CXLRT_ASSERT_OK(a_.alloc->Tick());
+  EXPECT_EQ(a_.alloc->LocalStats().durable_bytes, 0u);
+  ExpectAuditClean(*a_.pool);
+}
+
+TEST_P(AllocatorTest, AnotherHostsFreeTravelsThroughTheRingToTheOwner) {
+  Host b = Second();
+  ASSERT_NE(b.alloc, nullptr);
+  std::vector<PoolOffset> blocks;
+  for (int i = 0; i < 100; ++i) {
+    auto off = a_.alloc->Allocate(256);
+    ASSERT_TRUE(off.ok());
+    blocks.push_back(*off);
+  }
+  auto page_block = a_.alloc->Allocate(500 << 10);
+  auto huge_block = a_.alloc->Allocate(3 << 20);
+  ASSERT_TRUE(page_block.ok() && huge_block.ok());
+  blocks.push_back(*page_block);
+  blocks.push_back(*huge_block);
+  for (PoolOffset off : blocks) CXLRT_EXPECT_OK(b.alloc->Free(off));
+  CXLRT_ASSERT_OK(b.alloc->Tick());  // pushes what did not fit in the ring
+  EXPECT_GT(a_.alloc->LocalStats().bytes_in_use, 0u) << "the owner reclaims only when it looks";
+  for (int i = 0; i < 10; ++i) {
+    CXLRT_ASSERT_OK(a_.alloc->Tick());
+    CXLRT_ASSERT_OK(b.alloc->Tick());
+  }
+  EXPECT_EQ(a_.alloc->LocalStats().bytes_in_use, 0u);
+  EXPECT_EQ(a_.alloc->LocalStats().rejected_frees, 0u);
+  // A remote double free of a block the owner holds in its cache is caught
+  // by the owner, counted, and changes nothing.
+  auto off = a_.alloc->Allocate(256);
+  ASSERT_TRUE(off.ok());
+  CXLRT_ASSERT_OK(b.alloc->Free(*off));
+  CXLRT_ASSERT_OK(a_.alloc->Tick());
+  CXLRT_ASSERT_OK(b.alloc->Free(*off));
+  CXLRT_ASSERT_OK(a_.alloc->Tick());
+  EXPECT_EQ(a_.alloc->LocalStats().rejected_frees, 1u);
+  ExpectAuditClean(*a_.pool);
+}
+
+TEST_P(AllocatorTest, StatisticsArePublishedForToolsToRead) {
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(a_.alloc->Allocate(64).ok());
+  ASSERT_TRUE(a_.alloc->Allocate(1 << 20).ok());
+  HostStats local = a_.alloc->LocalStats();
+  EXPECT_EQ(local.classes[0].handed_out, 10u);
+  EXPECT_EQ(local.bytes_in_use, 640u + (1u << 20));
+  CXLRT_ASSERT_OK(a_.alloc->Tick());
+  auto st = ReadStats(*a_.pool);
+  ASSERT_TRUE(st.ok()) << st.status();
+  ASSERT_EQ(st->hosts.size(), 1u);
+  EXPECT_EQ(st->hosts[0].slot, a_.alloc->slot());
+  EXPECT_EQ(st->hosts[0].bytes_in_use, 640u + (1u << 20));
+  EXPECT_GT(st->hosts[0].bytes_cached, 0u) << "refills take a batch";
+  EXPECT_GT(st->free_bytes, 0u);
+  EXPECT_LE(st->largest_free_extent, st->free_bytes);
+  EXPECT_GE(st->fragmentation, 0.0);
+  EXPECT_LT(st->fragmentation, 1.0);
+}
+
+TEST_P(AllocatorTest, ClosingReclaimsPrivateBlocksAndKeepsDurableOnes) {
+  Host b = Second();
+  ASSERT_NE(b.alloc, nullptr);
+  auto priv = b.alloc->Allocate(4096);
+  auto durable = b.alloc->Allocate(4096, {.durable = true});
+  auto named = b.alloc->AllocateNamed("kept", 100);
+  ASSERT_TRUE(priv.ok() && durable.ok() && named.ok());
+  Fill(*b.pool, *named, 100);
+  const uint32_t slot = b.alloc->slot();
+  CXLRT_ASSERT_OK(b.alloc->Close());
+  auto st = ReadStats(*a_.pool);
+  ASSERT_TRUE(st.ok());
+  bool seen = false;
+  for (const HostStats& h : st->hosts) {
+    if (h.slot != slot) continue;
+    seen = true;
+    EXPECT_EQ(h.owner_epoch, 0u);
+    EXPECT_EQ(h.bytes_in_use, 4096u + 128u) << "the durable and named blocks stay";
+  }
+  EXPECT_TRUE(seen);
+  ExpectAuditClean(*a_.pool);
+  // A free of the departed host's durable block is done in place.
+  CXLRT_ASSERT_OK(a_.alloc->Free(*durable));
+  CXLRT_ASSERT_OK(a_.alloc->FreeNamed("kept"));
+  ExpectAuditClean(*a_.pool);
+}
+
+INSTANTIATE_TEST_SUITE_P(Domains, AllocatorTest,
+                         ::testing::Values(CoherenceDomain::kHardware, CoherenceDomain::kSimulated));
+
+TEST(PoolPtrTest, ResolvesInTheMappingAndChecksRawPointers) {
+  TempDir dir;
+  auto pool = Pool::Create(PoolUri(dir));
+  CXLRT_ASSERT_OK(pool);
+  const uint8_t* base = (*pool)->backend().base();
+  PoolPtr<uint64_t> p(4096);
+  EXPECT_EQ(reinterpret_cast<const uint8_t*>(p.Get(**pool)), base + 4096);
+  auto back = PoolPtr<uint64_t>::FromRaw(**pool, p.Get(**pool));
+  CXLRT_ASSERT_OK(back);
+  EXPECT_EQ(back->offset(), 4096u);
+  uint64_t local = 0;
+  CXLRT_EXPECT_ERROR(PoolPtr<uint64_t>::FromRaw(**pool, &local), absl::StatusCode::kInvalidArgument,
+                     "does not point into");
+  const auto* last = reinterpret_cast<const uint64_t*>(base + (*pool)->size() - 4);
+  EXPECT_FALSE(PoolPtr<uint64_t>::FromRaw(**pool, last).ok()) << "a T must fit";
+  EXPECT_FALSE(PoolPtr<int>()) << "default is null";
+}
+
+TEST(SizeClassTest, ClassesCoverEverySmallSizeWithBoundedWaste) {
+  for (uint64_t size = 1; size <= kMaxSmallSize; size += 61) {
+    auto c = ClassFor(size, 64);
+    ASSERT_TRUE(c.has_value()) << size;
+    EXPECT_GE(kClassSizes[*c], size);
+    if (size > 64) {
+      EXPECT_LT(kClassSizes[*c], size * 3 / 2 + 64) << size;
+    }
+  }
+  EXPECT_FALSE(ClassFor(kMaxSmallSize + 1, 64).has_value());
+  EXPECT_EQ(kClassSizes[*ClassFor(100, 4096)], 4096u) << "aligned classes are powers of two";
+  EXPECT_FALSE(ClassFor(100, 128 << 10).has_value()) << "beyond 64 KiB alignment: segments";
+}
+
+}  // namespace
+}  // namespace cxlrt::allocator
