@@ -1,0 +1,467 @@
+// The allocator across processes (emulated hosts): blocks passed between
+// hosts and freed remotely, a host killed at every step of allocate, free,
+// remote free, segment claim and recovery, and a bounded stress run with
+// random SIGKILLs and restarts. After each, Audit() is clean and nothing
+// leaks.
+#include <signal.h>
+#include <sys/mman.h>
+
+#include <random>
+#include <vector>
+
+#include "allocator/allocator.h"
+#include "gtest/gtest.h"
+#include "runtime/fault.h"
+#include "runtime/membership.h"
+#include "tests/testing/test_util.h"
+
+namespace cxlrt::allocator {
+namespace {
+
+using ::cxlrt::testing::OpenUri;
+using ::cxlrt::testing::PoolUri;
+using ::cxlrt::testing::Spawn;
+using ::cxlrt::testing::TempDir;
+using ::cxlrt::testing::TestScale;
+using ::cxlrt::testing::WaitExit;
+using runtime::CoherenceDomain;
+using runtime::Membership;
+using runtime::Pool;
+
+constexpr absl::Duration kLease = absl::Milliseconds(400);
+
+struct Host {
+  std::unique_ptr<Pool> pool;
+  std::unique_ptr<Membership> membership;
+  std::unique_ptr<Allocator> alloc;
+};
+
+// Attaches as a host with a short lease. Returns an error instead of
+// asserting: it runs in forked children too.
+absl::StatusOr<Host> Attach(const std::string& uri, std::optional<uint32_t> slot = std::nullopt,
+                            absl::Duration tick = absl::Milliseconds(1)) {
+  Host h;
+  auto pool = Pool::Open(uri);
+  if (!pool.ok()) return pool.status();
+  h.pool = std::move(*pool);
+  runtime::AttachOptions ao;
+  ao.host_id = -1;
+  ao.slot = slot;
+  ao.lease = kLease;
+  ao.heartbeat = absl::Milliseconds(40);
+  auto m = Membership::Attach(*h.pool, ao);
+  if (!m.ok()) return m.status();
+  h.membership = std::move(*m);
+  AllocatorOptions opts;
+  opts.tick = tick;
+  auto a = Allocator::Open(*h.pool, *h.membership, opts);
+  if (!a.ok()) return a.status();
+  h.alloc = std::move(*a);
+  return h;
+}
+
+uint8_t PatternByte(PoolOffset off, uint64_t i) { return static_cast<uint8_t>((off >> 6) * 7 + i * 13); }
+
+void Fill(Pool& pool, PoolOffset off, uint64_t n) {
+  std::vector<uint8_t> b(n);
+  for (uint64_t i = 0; i < n; ++i) b[i] = PatternByte(off, i);
+  pool.coherence().CopyToPool(off, b.data(), n);
+}
+
+bool Verify(Pool& pool, PoolOffset off, uint64_t n) {
+  std::vector<uint8_t> b(n);
+  pool.coherence().CopyFromPool(b.data(), off, n);
+  for (uint64_t i = 0; i < n; ++i) {
+    if (b[i] != PatternByte(off, i)) return false;
+  }
+  return true;
+}
+
+void ExpectAuditClean(const Pool& pool) {
+  std::vector<std::string> problems;
+  absl::Status s = Audit(pool, &problems);
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// Total bytes held in the pool's arenas (published).
+uint64_t BytesInUse(const Pool& pool) {
+  auto st = ReadStats(pool);
+  EXPECT_TRUE(st.ok()) << st.status();
+  uint64_t total = 0;
+  for (const HostStats& h : st.value_or(AllocatorStats{}).hosts) total += h.bytes_in_use;
+  return total;
+}
+
+class AllocatorProcessTest : public ::testing::TestWithParam<CoherenceDomain> {};
+
+// Mailbox of host i: line 0 count (written by i), line 2 "consumed"
+// (written by host i-1, its only reader), offsets from byte 256 (by i).
+constexpr uint64_t kMailCount = 0, kMailConsumed = 128, kMailOffsets = 256;
+
+TEST_P(AllocatorProcessTest, HostsPassBlocksAndFreeThemRemotely) {
+  TempDir dir;
+  const std::string create =
+      PoolUri(dir, absl::StrCat("coherence=", runtime::CoherenceDomainName(GetParam())), "256M");
+  ASSERT_TRUE(Pool::Create(create).ok());
+  const std::string uri = OpenUri(create);
+  constexpr int kHosts = 3, kBlocks = 150;
+  std::vector<pid_t> pids;
+  for (int i = 0; i < kHosts; ++i) {
+    pids.push_back(Spawn([&, i]() -> int {
+      auto h = Attach(uri);
+      if (!h.ok()) return 10;
+      runtime::Coherence& c = h->pool->coherence();
+      auto mail = h->alloc->AllocateNamed(absl::StrCat("mbox/", i), kMailOffsets + kBlocks * 8);
+      if (!mail.ok()) return 11;
+      std::mt19937_64 rng(i);
+      for (int k = 0; k < kBlocks; ++k) {
+        const uint64_t sizes[] = {64, 200, 1000, 4096, 30000, 200000, 700 << 10, 3 << 20};
+        const uint64_t size = sizes[rng() % (k % 10 == 0 ? 8 : 6)];
+        auto off = h->alloc->Allocate(size);
+        if (!off.ok()) {
+          fprintf(stderr, "host %d: %s\n", i, off.status().ToString().c_str());
+          return 12;
+        }
+        Fill(*h->pool, *off, std::min<uint64_t>(size, 4096));
+        const uint64_t rec[1] = {*off};
+        c.Publish(*mail + kMailOffsets + k * 8, rec, 8);
+      }
+      c.StoreFlag(*mail + kMailCount, kBlocks);
+      // Take the next host's blocks: verify them and free them remotely.
+      const absl::Time deadline = absl::Now() + absl::Seconds(30);
+      absl::StatusOr<NamedBlock> next;
+      while (!(next = h->alloc->Find(absl::StrCat("mbox/", (i + 1) % kHosts))).ok()) {
+        if (absl::Now() > deadline) return 13;
+        absl::SleepFor(absl::Milliseconds(2));
+      }
+      if (!c.WaitFlag(next->offset + kMailCount, kBlocks, deadline).ok()) return 14;
+      for (int k = 0; k < kBlocks; ++k) {
+        PoolOffset off = 0;
+        c.Fetch(&off, next->offset + kMailOffsets + k * 8, 8);
+        if (!Verify(*h->pool, off, 64)) return 15;
+        if (!h->alloc->Free(off).ok()) return 16;
+      }
+      c.StoreFlag(next->offset + kMailConsumed, 1);
+      // Wait until every block of ours came back through the rings.
+      const uint64_t mailbox_bytes = *h->alloc->BlockSize(*mail);
+      while (h->alloc->LocalStats().bytes_in_use != mailbox_bytes) {
+        if (absl::Now() > deadline) return 17;
+        absl::SleepFor(absl::Milliseconds(2));
+      }
+      // The previous host is done with our mailbox once it says so in it.
+      if (!c.WaitFlag(*mail + kMailConsumed, 1, deadline).ok()) return 19;
+      if (!h->alloc->FreeNamed(absl::StrCat("mbox/", i)).ok()) return 20;
+      return h->alloc->Close().ok() ? 0 : 21;
+    }));
+  }
+  for (pid_t pid : pids) EXPECT_EQ(WaitExit(pid), 0);
+  auto pool = Pool::Open(uri);
+  ASSERT_TRUE(pool.ok());
+  ExpectAuditClean(**pool);
+  EXPECT_EQ(BytesInUse(**pool), 0u) << "blocks leaked";
+}
+
+INSTANTIATE_TEST_SUITE_P(Domains, AllocatorProcessTest,
+                         ::testing::Values(CoherenceDomain::kHardware, CoherenceDomain::kSimulated));
+
+// --- Crashes at every step. ---
+
+struct CrashCase {
+  const char* point;
+  // What the victim does with the fault armed (it must crash in there).
+  std::function<void(Host&, PoolOffset survivors_block)> act;
+};
+
+void PrintTo(const CrashCase& c, std::ostream* os) { *os << c.point; }
+
+class CrashTest : public ::testing::TestWithParam<CrashCase> {};
+
+TEST_P(CrashTest, AHostKilledAtThisStepLosesNothingForTheOthers) {
+  TempDir dir;
+  const std::string create = PoolUri(dir, "", "64M");
+  ASSERT_TRUE(Pool::Create(create).ok());
+  const std::string uri = OpenUri(create);
+  auto survivor = Attach(uri, std::nullopt, absl::ZeroDuration());
+  ASSERT_TRUE(survivor.ok()) << survivor.status();
+  auto theirs = survivor->alloc->Allocate(512);
+  ASSERT_TRUE(theirs.ok());
+  Fill(*survivor->pool, *theirs, 512);
+
+  uint32_t victim_slot = 0;
+  auto* shared = static_cast<uint32_t*>(
+      mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  pid_t victim = Spawn([&]() -> int {
+    auto h = Attach(uri);
+    if (!h.ok()) return 10;
+    shared[0] = h->membership->slot();
+    auto named = h->alloc->AllocateNamed("victim/kept", 1000);
+    if (!named.ok()) return 11;
+    Fill(*h->pool, *named, 1000);
+    for (int k = 0; k < 20; ++k) {
+      if (!h->alloc->Allocate(100 + 700 * k).ok()) return 12;
+    }
+    if (!runtime::ArmFaults(absl::StrCat(GetParam().point, ":crash")).ok()) return 13;
+    GetParam().act(*h, *theirs);
+    return 14;  // the fault did not fire
+  });
+  EXPECT_EQ(WaitExit(victim), runtime::kFaultExitCode);
+  victim_slot = shared[0];
+  munmap(shared, 4096);
+
+  // The survivor fences the victim once its lease runs out and recovers it.
+  std::vector<uint32_t> recovered;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (recovered.empty() && absl::Now() < deadline) {
+    auto r = survivor->alloc->RecoverDeadHosts();
+    ASSERT_TRUE(r.ok()) << r.status();
+    recovered = *r;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ(recovered, std::vector<uint32_t>{victim_slot});
+  ExpectAuditClean(*survivor->pool);
+  // Its named block stays, bytes intact; its private blocks are gone.
+  auto kept = survivor->alloc->Find("victim/kept");
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_TRUE(Verify(*survivor->pool, kept->offset, 1000));
+  auto st = ReadStats(*survivor->pool);
+  ASSERT_TRUE(st.ok());
+  for (const HostStats& h : st->hosts) {
+    if (h.slot == victim_slot) {
+      EXPECT_EQ(h.owner_epoch, 0u);
+      EXPECT_EQ(h.bytes_in_use, 1024u) << "only the named block stays";
+    }
+  }
+  // The survivor's own block is untouched and still its to free.
+  EXPECT_TRUE(Verify(*survivor->pool, *theirs, 512));
+  CXLRT_EXPECT_OK(survivor->alloc->Free(*theirs));
+  CXLRT_EXPECT_OK(survivor->alloc->FreeNamed("victim/kept"));
+  CXLRT_EXPECT_OK(survivor->alloc->Close());
+  ExpectAuditClean(*survivor->pool);
+  EXPECT_EQ(BytesInUse(*survivor->pool), 0u);
+  // A new host takes the slot and allocates normally.
+  auto again = Attach(uri, victim_slot, absl::ZeroDuration());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->alloc->Allocate(5 << 20).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Points, CrashTest,
+    ::testing::Values(
+        CrashCase{"alloc.claim.after_entry",
+                  [](Host& h, PoolOffset) { (void)h.alloc->Allocate(200000); }},
+        CrashCase{"alloc.huge.after_tails",
+                  [](Host& h, PoolOffset) { (void)h.alloc->Allocate(5 << 20); }},
+        CrashCase{"alloc.allocate.done", [](Host& h, PoolOffset) { (void)h.alloc->Allocate(64); }},
+        CrashCase{"alloc.free.after_bitmap",
+                  [](Host& h, PoolOffset) {
+                    std::vector<PoolOffset> v;
+                    for (int k = 0; k < 300; ++k) v.push_back(*h.alloc->Allocate(64));
+                    for (PoolOffset o : v) (void)h.alloc->Free(o);
+                  }},
+        CrashCase{"alloc.remote_free.after_entry",
+                  [](Host& h, PoolOffset theirs) { (void)h.alloc->Free(theirs); }}),
+    [](const auto& info) {
+      std::string n = info.param.point;
+      for (char& ch : n) {
+        if (ch == '.') ch = '_';
+      }
+      return n;
+    });
+
+TEST(RecoveryTest, ARecoveryInterruptedByACrashIsFinishedByTheNext) {
+  TempDir dir;
+  const std::string create = PoolUri(dir, "", "64M");
+  ASSERT_TRUE(Pool::Create(create).ok());
+  const std::string uri = OpenUri(create);
+  // The victim allocates and dies.
+  pid_t victim = Spawn([&]() -> int {
+    auto h = Attach(uri);
+    if (!h.ok()) return 10;
+    for (int k = 0; k < 50; ++k) (void)h->alloc->Allocate(1000 * k + 64);
+    if (!h->alloc->AllocateNamed("kept", 64).ok()) return 11;
+    _exit(runtime::kFaultExitCode);
+  });
+  EXPECT_EQ(WaitExit(victim), runtime::kFaultExitCode);
+  // A first recoverer dies in the middle of recovering it.
+  pid_t recoverer = Spawn([&]() -> int {
+    auto h = Attach(uri, std::nullopt, absl::ZeroDuration());
+    if (!h.ok()) return 10;
+    if (!runtime::ArmFaults("alloc.recover.reclaimed:crash").ok()) return 11;
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (absl::Now() < deadline) {
+      (void)h->alloc->RecoverDeadHosts();
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return 12;
+  });
+  EXPECT_EQ(WaitExit(recoverer), runtime::kFaultExitCode);
+  // The next one finishes the victim and recovers the first recoverer too.
+  auto h = Attach(uri, std::nullopt, absl::ZeroDuration());
+  ASSERT_TRUE(h.ok()) << h.status();
+  std::vector<uint32_t> all;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (all.size() < 2 && absl::Now() < deadline) {
+    auto r = h->alloc->RecoverDeadHosts();
+    ASSERT_TRUE(r.ok()) << r.status();
+    all.insert(all.end(), r->begin(), r->end());
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(all.size(), 2u);
+  ExpectAuditClean(*h->pool);
+  EXPECT_TRUE(h->alloc->Find("kept").ok());
+  CXLRT_EXPECT_OK(h->alloc->FreeNamed("kept"));
+  CXLRT_EXPECT_OK(h->alloc->Close());
+  EXPECT_EQ(BytesInUse(*h->pool), 0u);
+}
+
+// --- Stress: 4 hosts, random work, random SIGKILLs and restarts. ---
+
+// Host i's outbox to host (i+1)%4: a single-producer ring in a named block.
+// Line 0: head (written by i); line 2: tail (written by the receiver);
+// entries from byte 256: {offset, size, sender epoch, 0}.
+constexpr uint64_t kBoxHead = 0, kBoxTail = 128, kBoxEntries = 256, kBoxCap = 64;
+
+// `stop[0]`: stop working and free what is held; `stop[1]`: close.
+int StressHost(const std::string& uri, int i, int hosts, const volatile int* stop, uint64_t seed) {
+  // The slot may still be held by our killed predecessor until its lease
+  // runs out or a survivor fences and releases it.
+  absl::StatusOr<Host> h;
+  const absl::Time attach_deadline = absl::Now() + absl::Seconds(10);
+  while (!(h = Attach(uri, static_cast<uint32_t>(i * 2))).ok()) {
+    if (absl::Now() > attach_deadline) return 30;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  runtime::Coherence& c = h->pool->coherence();
+  auto box_of = [&](int j) -> absl::StatusOr<PoolOffset> {
+    auto b = h->alloc->Find(absl::StrCat("stress/", j));
+    if (!b.ok()) return b.status();
+    return b->offset;
+  };
+  auto mine = box_of(i);
+  if (!mine.ok()) mine = h->alloc->AllocateNamed(absl::StrCat("stress/", i), kBoxEntries + kBoxCap * 32);
+  if (!mine.ok()) {
+    fprintf(stderr, "stress host %d: mailbox: %s\n", i, mine.status().ToString().c_str());
+    return 31;
+  }
+  const absl::Time hard_deadline = absl::Now() + absl::Seconds(120);  // never hang a test run
+  uint64_t head = c.LoadFlag(*mine + kBoxHead);
+  std::mt19937_64 rng(seed);
+  std::vector<std::pair<PoolOffset, uint64_t>> held;
+  const int prev = (i + hosts - 1) % hosts;
+  while (!stop[0]) {
+    if (absl::Now() > hard_deadline) return 40;
+    const int op = static_cast<int>(rng() % 100);
+    if ((op < 40 && held.size() < 64) || held.empty()) {
+      const uint64_t size = rng() % 20 == 0 ? (1 + rng() % 3) << 20 : 64 + rng() % 20000;
+      auto off = h->alloc->Allocate(size);
+      if (!off.ok()) {
+        if (off.status().code() == absl::StatusCode::kResourceExhausted) continue;
+        return 32;
+      }
+      Fill(*h->pool, *off, std::min<uint64_t>(size, 256));
+      held.push_back({*off, size});
+    } else if (op < 65 || held.size() >= 64) {
+      const size_t k = rng() % held.size();
+      if (!Verify(*h->pool, held[k].first, std::min<uint64_t>(held[k].second, 256))) return 33;
+      if (!h->alloc->Free(held[k].first).ok()) return 34;
+      held.erase(held.begin() + static_cast<std::ptrdiff_t>(k));
+    } else if (op < 80) {
+      // Send one to the next host (when its ring has room).
+      const uint64_t tail = c.LoadFlag(*mine + kBoxTail);
+      if (head - tail >= kBoxCap) continue;
+      const size_t k = rng() % held.size();
+      const uint64_t rec[4] = {held[k].first, held[k].second, h->membership->epoch(), 0};
+      c.Publish(*mine + kBoxEntries + (head % kBoxCap) * 32, rec, sizeof(rec));
+      c.StoreFlag(*mine + kBoxHead, ++head);
+      held.erase(held.begin() + static_cast<std::ptrdiff_t>(k));
+    } else {
+      // Receive from the previous host: verify and free what it sent while
+      // it is still the incarnation that sent it (a dead sender's private
+      // blocks died with it).
+      auto box = box_of(prev);
+      if (!box.ok()) continue;
+      const uint64_t their_head = c.LoadFlag(*box + kBoxHead);
+      uint64_t tail = c.LoadFlag(*box + kBoxTail);
+      if (their_head - tail > kBoxCap) return 35;
+      while (tail < their_head) {
+        uint64_t rec[4];
+        c.Fetch(rec, *box + kBoxEntries + (tail % kBoxCap) * 32, sizeof(rec));
+        // At most once: the tail moves before the free, so a receiver
+        // killed in between leaks the block to its owner's close, never
+        // frees it twice.
+        c.StoreFlag(*box + kBoxTail, ++tail);
+        auto sender = h->pool->ReadHost(static_cast<uint32_t>(prev * 2));
+        if (!sender.ok() || sender->state != runtime::SlotState::kAttached ||
+            sender->epoch != rec[2]) {
+          continue;
+        }
+        if (!Verify(*h->pool, rec[0], std::min<uint64_t>(rec[1], 256))) {
+          // The sender may have died and been recovered after the check.
+          auto again = h->pool->ReadHost(static_cast<uint32_t>(prev * 2));
+          if (again.ok() && again->state == runtime::SlotState::kAttached && again->epoch == rec[2]) {
+            return 36;
+          }
+          continue;
+        }
+        absl::Status s = h->alloc->Free(rec[0]);
+        if (!s.ok() && s.code() != absl::StatusCode::kFailedPrecondition) return 37;
+      }
+    }
+  }
+  for (auto [off, size] : held) {
+    if (!h->alloc->Free(off).ok()) return 38;
+  }
+  while (!stop[1]) {
+    if (absl::Now() > hard_deadline) return 41;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return h->alloc->Close().ok() ? 0 : 39;
+}
+
+TEST(AllocatorStressTest, FourHostsWithRandomKillsEndAuditCleanWithoutLeaks) {
+  TempDir dir;
+  // Each (host, size class) holds a 2 MiB slab: 4 hosts touching ~17
+  // classes need ~70 segments.
+  const std::string create = PoolUri(dir, "hosts=8", "512M");
+  ASSERT_TRUE(Pool::Create(create).ok());
+  const std::string uri = OpenUri(create);
+  constexpr int kHosts = 4;
+  auto* stop = static_cast<int*>(
+      mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  stop[0] = stop[1] = 0;
+  std::mt19937_64 rng(1234);
+  std::vector<pid_t> pids(kHosts);
+  uint64_t seed = 0;
+  auto start = [&](int i) {
+    pids[i] = Spawn([&, i, s = ++seed] { return StressHost(uri, i, kHosts, stop, s); });
+  };
+  for (int i = 0; i < kHosts; ++i) start(i);
+  const absl::Time end = absl::Now() + absl::Seconds(2) * TestScale();
+  int kills = 0;
+  while (absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(150 + rng() % 200));
+    const int victim = static_cast<int>(rng() % kHosts);
+    kill(pids[victim], SIGKILL);
+    const int code = WaitExit(pids[victim]);
+    EXPECT_TRUE(code == 128 + SIGKILL || code == 0) << "host " << victim << " failed: " << code;
+    ++kills;
+    start(victim);
+  }
+  stop[0] = 1;  // everyone stops sending and receiving before anyone closes
+  absl::SleepFor(absl::Milliseconds(300));
+  stop[1] = 1;
+  for (int i = 0; i < kHosts; ++i) EXPECT_EQ(WaitExit(pids[i]), 0) << "host " << i;
+  munmap(stop, 4096);
+  EXPECT_GT(kills, 3);
+
+  auto h = Attach(uri, std::nullopt, absl::ZeroDuration());
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_TRUE(h->alloc->RecoverDeadHosts().ok());
+  for (int i = 0; i < kHosts; ++i) CXLRT_EXPECT_OK(h->alloc->FreeNamed(absl::StrCat("stress/", i)));
+  CXLRT_EXPECT_OK(h->alloc->Close());
+  ExpectAuditClean(*h->pool);
+  EXPECT_EQ(BytesInUse(*h->pool), 0u) << "blocks leaked";
+}
+
+}  // namespace
+}  // namespace cxlrt::allocator
