@@ -78,23 +78,30 @@ absl::Status Allocator::Init() {
   CXLRT_RETURN_IF_ERROR(membership_.WithPoolLock([&]() -> absl::Status {
     CXLRT_RETURN_IF_ERROR(arena->Load());
     if (arena->owner_epoch() != epoch_) {
-      CXLRT_RETURN_IF_ERROR(arena->ReclaimPrivate());
+      // Frees sent to the previous incarnation first (they name its
+      // epoch), then whatever it still held privately.
       std::vector<uint64_t> tails(meta.slots());
       for (uint32_t p = 0; p < meta.slots(); ++p) {
         tails[p] = pool_.coherence().LoadFlag(meta.TailOffset(slot_, p));
       }
       arena->DrainRings(&tails, kHeld);
+      CXLRT_RETURN_IF_ERROR(arena->ReclaimPrivate());
       arena->set_owner_epoch(epoch_);
       arena->PublishCounters();
     }
     return absl::OkStatus();
   }));
   arena_ = std::move(arena);
+  arena_->set_refill_hook([this] { (void)DrainRings(); });  // runs under mu_
   my_heads_.resize(meta.slots());
   for (uint32_t o = 0; o < meta.slots(); ++o) {
     my_heads_[o] = pool_.coherence().LoadFlag(meta.HeadOffset(slot_, o));
   }
   pending_.resize(meta.slots());
+  my_tails_.resize(meta.slots());
+  for (uint32_t p = 0; p < meta.slots(); ++p) {
+    my_tails_[p] = pool_.coherence().LoadFlag(meta.TailOffset(slot_, p));
+  }
   return absl::OkStatus();
 }
 
@@ -230,24 +237,32 @@ absl::Status Allocator::RemoteFree(PoolOffset off, bool allow_named) {
   const uint32_t owner = e.owner;
   uint64_t owner_epoch = 0;
   c.Fetch(&owner_epoch, meta.ArenaOffset(owner) + offsetof(ArenaLayout, owner_epoch), 8);
-  if (owner_epoch == 0) {
-    // Nobody owns that arena (its host left or died and was recovered): free
-    // it in place, as the pool-lock holder.
-    return membership_.WithPoolLock([&]() -> absl::Status {
-      ArenaState other(meta, owner, /*use_cache=*/false);
-      CXLRT_RETURN_IF_ERROR(other.Load());
-      if (other.owner_epoch() != 0) {  // owned again meanwhile: use the ring
-        pending_[owner].push_back(off);
-        return absl::OkStatus();
-      }
-      CXLRT_RETURN_IF_ERROR(other.Free(off, true, kHeld));
-      other.PublishCounters();
-      return absl::OkStatus();
-    });
-  }
-  pending_[owner].push_back(off);
+  const RingEntryLayout entry = {off | (durable ? kRingEntryDurable : 0), owner_epoch};
+  if (owner_epoch == 0) return FreeInUnownedArena(owner, {entry});
+  pending_[owner].push_back(entry);
   PushPending(owner);
   return absl::OkStatus();
+}
+
+absl::Status Allocator::FreeInUnownedArena(uint32_t owner, const std::vector<RingEntryLayout>& entries) {
+  // Nobody owns that arena (its host left or died and was recovered): free
+  // in place, as the pool-lock holder. Only durable blocks are still there.
+  return membership_.WithPoolLock([&]() -> absl::Status {
+    ArenaState other(*meta_, owner, /*use_cache=*/false);
+    CXLRT_RETURN_IF_ERROR(other.Load());
+    absl::Status first;
+    for (const RingEntryLayout& e : entries) {
+      const bool durable = e.offset & kRingEntryDurable;
+      if (other.owner_epoch() != 0) {  // owned again meanwhile: use the ring
+        if (durable || e.owner_epoch == other.owner_epoch()) pending_[owner].push_back(e);
+        continue;
+      }
+      absl::Status st = other.Free(e.offset & ~kRingEntryDurable, true, kHeld);
+      if (!st.ok() && first.ok()) first = st;
+    }
+    other.PublishCounters();
+    return first;
+  });
 }
 
 void Allocator::PushPending(uint32_t owner) {
@@ -256,6 +271,28 @@ void Allocator::PushPending(uint32_t owner) {
   const HeapMeta& meta = *meta_;
   runtime::Coherence& c = pool_.coherence();
   const uint32_t cap = header_.ring_capacity;
+  // Frees meant for an incarnation of the owner that has gone are moot: its
+  // private blocks were reclaimed with it (and the ring would drop them).
+  uint64_t owner_epoch = 0;
+  c.Fetch(&owner_epoch, meta.ArenaOffset(owner) + offsetof(ArenaLayout, owner_epoch), 8);
+  if (owner_epoch == 0) {
+    std::vector<RingEntryLayout> durable;
+    for (const RingEntryLayout& e : q) {
+      if (e.offset & kRingEntryDurable) durable.push_back(e);
+    }
+    q.clear();
+    if (!durable.empty()) {
+      absl::Status st = FreeInUnownedArena(owner, durable);
+      if (!st.ok()) {
+        CXLRT_LOG(kWarning) << "queued frees for departed host " << owner << ": " << st;
+      }
+    }
+    return;
+  }
+  std::erase_if(q, [&](const RingEntryLayout& e) {
+    return !(e.offset & kRingEntryDurable) && e.owner_epoch != owner_epoch;
+  });
+  if (q.empty()) return;
   const uint64_t tail = c.LoadFlag(meta.TailOffset(owner, slot_));
   uint64_t& head = my_heads_[owner];
   if (head < tail || head - tail > cap) {
@@ -265,10 +302,11 @@ void Allocator::PushPending(uint32_t owner) {
   }
   const uint64_t n = std::min<uint64_t>(cap - (head - tail), q.size());
   for (uint64_t k = 0; k < n; ++k) {
-    c.Write(meta.RingOffset(slot_, owner) + ((head + k) % cap) * 8, &q[k], 8);
+    c.Write(meta.RingOffset(slot_, owner) + ((head + k) % cap) * sizeof(RingEntryLayout), &q[k],
+            sizeof(RingEntryLayout));
   }
   if (n == 0) return;
-  c.Flush(meta.RingOffset(slot_, owner), uint64_t{cap} * 8);
+  c.Flush(meta.RingOffset(slot_, owner), uint64_t{cap} * sizeof(RingEntryLayout));
   CXLRT_FAULT_POINT("alloc.remote_free.after_entry");
   head += n;
   c.StoreFlag(meta.HeadOffset(slot_, owner), head);
@@ -276,15 +314,13 @@ void Allocator::PushPending(uint32_t owner) {
 }
 
 absl::Status Allocator::DrainRings() {
-  const HeapMeta& meta = *meta_;
-  std::vector<uint64_t> tails(meta.slots());
-  for (uint32_t p = 0; p < meta.slots(); ++p) {
-    tails[p] = pool_.coherence().LoadFlag(meta.TailOffset(slot_, p));
-  }
-  arena_->DrainRings(&tails, [this](const std::function<absl::Status()>& fn) {
-    return membership_.WithPoolLock(fn);
-  });
-  arena_->PublishCounters();
+  // Only this host writes its tails (a survivor does once it is fenced), so
+  // they are kept here rather than re-read.
+  const uint64_t applied =
+      arena_->DrainRings(&my_tails_, [this](const std::function<absl::Status()>& fn) {
+        return membership_.WithPoolLock(fn);
+      });
+  if (applied > 0) arena_->PublishCounters();
   return absl::OkStatus();
 }
 
@@ -336,7 +372,9 @@ absl::Status Allocator::Tick() {
   std::lock_guard<std::mutex> lock(mu_);
   CXLRT_RETURN_IF_ERROR(CheckUsable());
   for (uint32_t o = 0; o < pending_.size(); ++o) PushPending(o);
-  return DrainRings();
+  CXLRT_RETURN_IF_ERROR(DrainRings());
+  arena_->PublishCounters();  // handed-out counts move without batches
+  return absl::OkStatus();
 }
 
 void Allocator::TickLoop() {
@@ -372,12 +410,12 @@ absl::StatusOr<std::vector<uint32_t>> Allocator::RecoverDeadHosts() {
       if (!rec.ok() || rec->state != runtime::SlotState::kFenced) return absl::OkStatus();
       ArenaState dead(meta, s, /*use_cache=*/false);
       CXLRT_RETURN_IF_ERROR(dead.Load());
-      CXLRT_RETURN_IF_ERROR(dead.ReclaimPrivate());
       std::vector<uint64_t> tails(meta.slots());
       for (uint32_t p = 0; p < meta.slots(); ++p) {
         tails[p] = pool_.coherence().LoadFlag(meta.TailOffset(s, p));
       }
       dead.DrainRings(&tails, kHeld);
+      CXLRT_RETURN_IF_ERROR(dead.ReclaimPrivate());
       dead.set_owner_epoch(0);
       dead.PublishCounters();
       return absl::OkStatus();
@@ -422,13 +460,8 @@ absl::Status Allocator::Close() {
     absl::SleepFor(absl::Milliseconds(10));
   }
   arena_->FlushCache();
-  const HeapMeta& meta = *meta_;
   return membership_.WithPoolLock([&]() -> absl::Status {
-    std::vector<uint64_t> tails(meta.slots());
-    for (uint32_t p = 0; p < meta.slots(); ++p) {
-      tails[p] = pool_.coherence().LoadFlag(meta.TailOffset(slot_, p));
-    }
-    arena_->DrainRings(&tails, kHeld);
+    arena_->DrainRings(&my_tails_, kHeld);
     CXLRT_RETURN_IF_ERROR(arena_->ReclaimPrivate());
     arena_->set_owner_epoch(0);
     arena_->PublishCounters();

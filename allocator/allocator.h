@@ -184,6 +184,8 @@ class Allocator {
   absl::Status CheckUsable();
   absl::Status FreeLocked(PoolOffset offset, bool allow_named);
   absl::Status RemoteFree(PoolOffset offset, bool allow_named);
+  // Frees `entries` in `owner`'s arena, which no host owns, under the pool lock.
+  absl::Status FreeInUnownedArena(uint32_t owner, const std::vector<RingEntryLayout>& entries);
   // Pushes what fits of the queued frees for `owner` into its ring.
   void PushPending(uint32_t owner);
   absl::Status DrainRings();
@@ -200,7 +202,8 @@ class Allocator {
   std::mutex mu_;
   std::unique_ptr<allocator_internal::ArenaState> arena_;  // guarded by mu_
   std::vector<uint64_t> my_heads_;               // guarded by mu_: head of ring (me, o)
-  std::vector<std::deque<PoolOffset>> pending_;  // guarded by mu_: frees queued for owner o
+  std::vector<uint64_t> my_tails_;               // guarded by mu_: tail of ring (p, me)
+  std::vector<std::deque<RingEntryLayout>> pending_;  // guarded by mu_: frees queued for owner o
   bool closed_ = false;                          // guarded by mu_
 
   std::mutex tick_mu_;

@@ -10,7 +10,7 @@
 //   arenas                    host_slots x ArenaLayout (1 KiB)
 //   ring heads                host_slots rows of host_slots x u64
 //   ring tails                host_slots rows of host_slots x u64
-//   ring entries              host_slots x host_slots rings of ring_capacity x u64
+//   ring entries              host_slots x host_slots rings of ring_capacity x RingEntryLayout
 //
 // The rest of the heap is segments, each free, metadata, a slab of one size
 // class, a page segment (runs of 64 KiB pages), or part of a huge run.
@@ -141,5 +141,19 @@ struct ArenaLayout {
 static_assert(sizeof(ArenaLayout) == kArenaSize);
 static_assert(offsetof(ArenaLayout, allocated) == 64);
 static_assert(offsetof(ArenaLayout, pages_allocated) == 64 + 3 * 8 * kNumClasses);
+
+// A free sent to a block's owner. A private block's free is applied only
+// when `owner_epoch` is the owner's: a free meant for an earlier incarnation
+// of the slot (one that died or closed with the entry unread) never touches
+// the blocks of the next one, since that incarnation's private blocks were
+// reclaimed and may have been handed out again. A durable block outlives
+// incarnations, so its free (kRingEntryDurable set in `offset`) applies to
+// whichever incarnation holds it.
+struct RingEntryLayout {
+  uint64_t offset;  // block offset (64 B aligned) | kRingEntryDurable
+  uint64_t owner_epoch;
+};
+inline constexpr uint64_t kRingEntryDurable = 1;
+static_assert(sizeof(RingEntryLayout) == 16);
 
 }  // namespace cxlrt::allocator

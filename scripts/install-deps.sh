@@ -9,6 +9,7 @@ PACKAGES=(
   libabsl-dev
   libgtest-dev libgmock-dev googletest
   libbenchmark-dev
+  libmimalloc-dev
   libnuma-dev numactl
   libhwloc-dev hwloc
   libpmem2-dev

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "bench/alloc_bench.h"
 #include "bench/pool_bench.h"
 #include "runtime/config.h"
 #include "runtime/log.h"
@@ -98,6 +99,17 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1000));
   bench_pool->add_flag("--json", json, "Machine-readable output");
 
+  std::string alloc_uri;
+  int alloc_reps = 5;
+  CLI::App* bench_alloc = bench->add_subcommand(
+      "alloc",
+      "Allocate+free pairs per second of the pooled allocator (64 B - 1 MiB; one host, two "
+      "hosts, cross-host frees) beside glibc malloc and mimalloc. Makes its own pool");
+  bench_alloc->add_option("--pool", alloc_uri,
+                          "URI of a pool to create (default emu://bench-alloc-PID?size=1G)");
+  bench_alloc->add_option("--reps", alloc_reps, "Repetitions (medians)")->check(CLI::Range(1, 100));
+  bench_alloc->add_flag("--json", json, "Machine-readable output");
+
   CLI::App* doctor = app.add_subcommand("doctor", "What this machine offers: NUMA, CXL, DAX, CUDA");
   doctor->add_flag("--json", json, "Machine-readable output");
 
@@ -134,6 +146,7 @@ int main(int argc, char** argv) {
   if (*fence) return tools::PoolFence(uri, slot, force);
   if (*doctor) return tools::Doctor(json);
   if (*run) return tools::Run(ranks, hosts, run_pool, timeout_s, command);
+  if (*bench_alloc) return bench::RunAllocBench({alloc_uri, alloc_reps, json});
   if (*bench_pool) {
     if (bench_uri.empty()) bench_uri = "emu://bench-" + std::to_string(getpid()) + "?size=256M";
     return bench::RunPoolBench({bench_uri, reps, json});

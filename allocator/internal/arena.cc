@@ -73,10 +73,12 @@ absl::StatusOr<AllocatorHeaderLayout> PlanLayout(const runtime::Pool& pool) {
   h.first_segment = ph.heap_offset;
   h.segment_count = static_cast<uint32_t>(ph.heap_size / kSegmentSize);
   h.row_stride = static_cast<uint32_t>(RoundUp(uint64_t{h.host_slots} * 8, 128));
-  // The largest ring that keeps the tables within a quarter of the heap.
-  for (uint32_t cap = 64; cap >= 8; cap /= 2) {
+  // The largest ring (up to 1024 frees in flight per host pair) whose
+  // tables take at most a sixteenth of the heap; at least 8 entries within
+  // a quarter of it.
+  for (uint32_t cap = 1024; cap >= 8; cap /= 2) {
     h.ring_capacity = cap;
-    const uint64_t ring_row = RoundUp(uint64_t{h.host_slots} * cap * 8, 128);
+    const uint64_t ring_row = RoundUp(uint64_t{h.host_slots} * cap * sizeof(RingEntryLayout), 128);
     uint64_t at = h.first_segment + 4096;
     h.segment_table = at;
     at = RoundUp(at + uint64_t{h.segment_count} * 64, 4096);
@@ -89,7 +91,10 @@ absl::StatusOr<AllocatorHeaderLayout> PlanLayout(const runtime::Pool& pool) {
     h.ring_entries = at;
     at += uint64_t{h.host_slots} * ring_row;
     h.meta_segments = static_cast<uint32_t>(RoundUp(at - h.first_segment, kSegmentSize) / kSegmentSize);
-    if (h.meta_segments < h.segment_count && h.meta_segments * 4 <= h.segment_count + 3) break;
+    const uint32_t share = cap == 8 ? 4 : 16;
+    if (h.meta_segments < h.segment_count && h.meta_segments * share <= h.segment_count + share - 1) {
+      break;
+    }
     if (cap == 8) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "the heap of ", pool.name(), " (", h.segment_count, " segments of 2 MiB) is too small for "
@@ -126,7 +131,8 @@ absl::StatusOr<AllocatorHeaderLayout> ReadAllocatorHeader(const runtime::Pool& p
   const uint64_t meta_end = h.first_segment + uint64_t{h.meta_segments} * kSegmentSize;
   const bool cap_ok = h.ring_capacity >= 8 && h.ring_capacity <= 4096 &&
                       (h.ring_capacity & (h.ring_capacity - 1)) == 0;
-  const uint64_t ring_row = RoundUp(uint64_t{h.host_slots} * h.ring_capacity * 8, 128);
+  const uint64_t ring_row =
+      RoundUp(uint64_t{h.host_slots} * h.ring_capacity * sizeof(RingEntryLayout), 128);
   if (h.host_slots != ph.host_slot_count || h.segment_size != kSegmentSize ||
       h.first_segment != ph.heap_offset || h.segment_count != ph.heap_size / kSegmentSize ||
       h.meta_segments < 1 || h.meta_segments >= h.segment_count || !cap_ok ||
@@ -148,7 +154,7 @@ absl::StatusOr<AllocatorHeaderLayout> ReadAllocatorHeader(const runtime::Pool& p
 // --- HeapMeta ---
 
 uint64_t HeapMeta::RingRowBytes() const {
-  return RoundUp(uint64_t{h_.host_slots} * h_.ring_capacity * 8, 128);
+  return RoundUp(uint64_t{h_.host_slots} * h_.ring_capacity * sizeof(RingEntryLayout), 128);
 }
 
 std::optional<uint32_t> HeapMeta::SegmentOf(PoolOffset off) const {
@@ -179,7 +185,8 @@ absl::StatusOr<SegmentEntryLayout> HeapMeta::ReadEntry(uint32_t i) const {
                                      absl::Hex(EntryChecksum(e))));
 }
 
-void HeapMeta::WriteEntry(uint32_t i, SegmentEntryLayout e) const {
+void HeapMeta::WriteEntry(uint32_t i, const SegmentEntryLayout& entry) const {
+  SegmentEntryLayout e = entry;
   e.checksum = EntryChecksum(e);
   c().PublishObject(EntryOffset(i), e);
 }
@@ -529,6 +536,7 @@ uint32_t ArenaState::Refill(Segment& s, uint32_t want) {
 
 absl::StatusOr<PoolOffset> ArenaState::AllocSmall(uint32_t cls, bool durable,
                                                   const LockRunner& lock) {
+  if (cache_[cls].empty() && refill_hook_) refill_hook_();  // take back remote frees first
   if (cache_[cls].empty()) {
     const uint32_t want = use_cache_ ? BatchFor(cls) : 1;
     BeginBatch();
@@ -728,15 +736,21 @@ absl::Status ArenaState::Free(PoolOffset off, bool allow_named, const LockRunner
       }
       const bool durable = TestBit(s.durable, b);
       if (durable) CXLRT_RETURN_IF_ERROR(named_check());
-      BeginBatch();
       ClearBit(s.handed, b);
       --counts_[s.cls].handed_out;
+      auto& cache = cache_[s.cls];
+      if (use_cache_ && cache.size() < 2 * BatchFor(s.cls) && !durable) {
+        // The fast path: no pool write (the block stays allocated in the
+        // bitmap, free in this host's cache).
+        cache.push_back(off);
+        return absl::OkStatus();
+      }
+      BeginBatch();
       if (durable) {
         ClearBit(s.durable, b);
         WriteBits(s, true, b / 64);
         --counts_[s.cls].durable;
       }
-      auto& cache = cache_[s.cls];
       if (use_cache_ && cache.size() < 2 * BatchFor(s.cls)) {
         cache.push_back(off);
         EndBatch();
@@ -929,8 +943,19 @@ uint64_t ArenaState::DrainRings(std::vector<uint64_t>* tails, const LockRunner& 
       tail = head;
     } else {
       for (uint64_t seq = tail; seq < head; ++seq) {
-        PoolOffset off = 0;
-        meta_.c().Fetch(&off, meta_.RingOffset(p, slot_) + (seq % cap) * 8, sizeof(off));
+        RingEntryLayout entry;
+        meta_.c().Fetch(&entry, meta_.RingOffset(p, slot_) + (seq % cap) * sizeof(entry),
+                        sizeof(entry));
+        const PoolOffset off = entry.offset & ~allocator::kRingEntryDurable;
+        const bool durable = entry.offset & allocator::kRingEntryDurable;
+        if (!durable && entry.owner_epoch != owner_epoch_) {
+          // Meant for an earlier incarnation of this slot: its blocks were
+          // reclaimed with it, so applying it could free a new block.
+          CXLRT_LOG(kInfo) << "host " << p << "'s free of 0x" << std::hex << off << std::dec
+                           << " was meant for epoch " << entry.owner_epoch << " of host " << slot_
+                           << ", not " << owner_epoch_ << ": dropped";
+          continue;
+        }
         absl::Status st = Free(off, /*allow_named=*/false, lock);
         if (!st.ok()) {
           ++rejected_frees_;

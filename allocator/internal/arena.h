@@ -32,6 +32,7 @@ namespace cxlrt::allocator_internal {
 
 using allocator::AllocatorHeaderLayout;
 using allocator::ArenaLayout;
+using allocator::RingEntryLayout;
 using allocator::SegmentEntryLayout;
 using allocator::SegmentHeaderLayout;
 using allocator::SegmentState;
@@ -69,7 +70,8 @@ class HeapMeta {
   }
   uint64_t RingRowBytes() const;
   PoolOffset RingOffset(uint32_t p, uint32_t o) const {
-    return h_.ring_entries + uint64_t{p} * RingRowBytes() + uint64_t{o} * h_.ring_capacity * 8;
+    return h_.ring_entries + uint64_t{p} * RingRowBytes() +
+           uint64_t{o} * h_.ring_capacity * sizeof(allocator::RingEntryLayout);
   }
   // The data segment holding `off`, or nullopt outside [first data
   // segment, end of heap).
@@ -78,7 +80,7 @@ class HeapMeta {
   // Entry i, checksum-verified (torn reads retried). kDataLoss when corrupt.
   absl::StatusOr<SegmentEntryLayout> ReadEntry(uint32_t i) const;
   // Publishes entry i with its checksum. REQUIRES: the pool lock is held.
-  void WriteEntry(uint32_t i, SegmentEntryLayout e) const;
+  void WriteEntry(uint32_t i, const SegmentEntryLayout& e) const;
   // The static header of segment i when it is valid for `entry` (magic,
   // checksum, generation, state); nullopt otherwise (a claim that did not
   // finish).
@@ -140,6 +142,10 @@ class ArenaState {
   // The counters as published in the pool when Load() read them.
   const ArenaLayout& published() const { return published_; }
 
+  // Called when a small allocation finds its cache empty, before the slabs
+  // are scanned: the owner drains its free rings there.
+  void set_refill_hook(std::function<void()> hook) { refill_hook_ = std::move(hook); }
+
   // Publishes the counters (the seqlock bumps around them).
   void PublishCounters();
   allocator::HostStats Stats() const;
@@ -179,6 +185,7 @@ class ArenaState {
   uint64_t pages_allocated_ = 0, pages_durable_ = 0, huge_segments_ = 0, huge_bytes_ = 0;
   uint64_t page_bytes_ = 0;
   ArenaLayout published_{};
+  std::function<void()> refill_hook_;
   std::vector<std::string> load_problems_;
 };
 

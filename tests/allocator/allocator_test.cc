@@ -252,6 +252,30 @@ TEST_P(AllocatorTest, AnotherHostsFreeTravelsThroughTheRingToTheOwner) {
   ExpectAuditClean(*a_.pool);
 }
 
+TEST_P(AllocatorTest, ManyCrossHostFreesComeBackAndAreReused) {
+  Host b = Second();
+  ASSERT_NE(b.alloc, nullptr);
+  for (uint64_t size : {uint64_t{64}, uint64_t{4096}, uint64_t{100000}, uint64_t{1} << 20}) {
+    for (int i = 0; i < 3000; ++i) {
+      auto off = a_.alloc->Allocate(size);
+      ASSERT_TRUE(off.ok()) << size << " #" << i << ": " << off.status();
+      absl::Status st = b.alloc->Free(*off);
+      ASSERT_TRUE(st.ok()) << size << " #" << i << ": " << st;
+      if (i % 50 == 0) {
+        CXLRT_ASSERT_OK(a_.alloc->Tick());
+        CXLRT_ASSERT_OK(b.alloc->Tick());
+      }
+    }
+    for (int i = 0; i < 5; ++i) {
+      CXLRT_ASSERT_OK(b.alloc->Tick());
+      CXLRT_ASSERT_OK(a_.alloc->Tick());
+    }
+    EXPECT_EQ(a_.alloc->LocalStats().bytes_in_use, 0u) << size;
+    EXPECT_EQ(a_.alloc->LocalStats().rejected_frees, 0u) << size;
+    ExpectAuditClean(*a_.pool);
+  }
+}
+
 TEST_P(AllocatorTest, StatisticsArePublishedForToolsToRead) {
   for (int i = 0; i < 10; ++i) ASSERT_TRUE(a_.alloc->Allocate(64).ok());
   ASSERT_TRUE(a_.alloc->Allocate(1 << 20).ok());

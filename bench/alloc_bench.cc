@@ -1,0 +1,299 @@
+#include "bench/alloc_bench.h"
+
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#ifdef CXLRT_HAVE_MIMALLOC
+#include <mimalloc.h>
+#endif
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "allocator/allocator.h"
+#include "bench/harness.h"
+#include "nlohmann/json.hpp"
+#include "runtime/membership.h"
+#include "runtime/pool.h"
+
+namespace cxlrt::bench {
+namespace {
+
+using allocator::Allocator;
+using runtime::NowNs;
+using runtime::PoolOffset;
+
+constexpr uint64_t kSizes[] = {64, 256, 1024, 4096, 16384, 65536, 262144, 1 << 20};
+
+// Pairs (or frees) per second from `n` operations that took `ns`.
+double Rate(uint64_t n, int64_t ns) { return static_cast<double>(n) * 1e9 / static_cast<double>(ns); }
+
+// Operations that take about 40 ms at `probe_rate` ops/s.
+uint64_t OpsFor(double probe_rate) {
+  return std::clamp<uint64_t>(static_cast<uint64_t>(probe_rate * 0.04), 1000, 4'000'000);
+}
+
+template <typename Alloc, typename Free>
+double PairRate(uint64_t n, Alloc&& alloc, Free&& free) {
+  const int64_t t0 = NowNs();
+  for (uint64_t i = 0; i < n; ++i) {
+    void* p = alloc();
+    asm volatile("" : : "r"(p) : "memory");
+    free(p);
+  }
+  return Rate(n, NowNs() - t0);
+}
+
+struct Host {
+  std::unique_ptr<runtime::Pool> pool;
+  std::unique_ptr<runtime::Membership> membership;
+  std::unique_ptr<Allocator> alloc;
+};
+
+absl::StatusOr<Host> OpenHost(const std::string& uri) {
+  Host h;
+  auto pool = runtime::Pool::Open(uri);
+  if (!pool.ok()) return pool.status();
+  h.pool = std::move(*pool);
+  runtime::AttachOptions ao;
+  ao.host_id = -1;
+  auto m = runtime::Membership::Attach(*h.pool, ao);
+  if (!m.ok()) return m.status();
+  h.membership = std::move(*m);
+  allocator::AllocatorOptions opts;
+  opts.tick = absl::Milliseconds(1);
+  auto a = Allocator::Open(*h.pool, *h.membership, opts);
+  if (!a.ok()) return a.status();
+  h.alloc = std::move(*a);
+  return h;
+}
+
+// Local allocate + free pairs per second on one host.
+double CxlrtPairs(Allocator& a, uint64_t size, uint64_t n) {
+  const int64_t t0 = NowNs();
+  for (uint64_t i = 0; i < n; ++i) {
+    auto off = a.Allocate(size);
+    if (!off.ok() || !a.Free(*off).ok()) return 0;
+  }
+  return Rate(n, NowNs() - t0);
+}
+
+// Runs `body` in `count` forked host processes started together; each
+// returns a rate written to shared memory. Returns the rates (0: failed).
+std::vector<double> InHosts(int count, const std::function<double(int)>& body) {
+  auto* out = static_cast<double*>(
+      mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  std::vector<pid_t> pids;
+  fflush(nullptr);
+  for (int i = 0; i < count; ++i) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      out[i] = body(i);
+      fflush(nullptr);
+      _exit(0);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<double> rates;
+  for (int i = 0; i < count; ++i) {
+    int status = 0;
+    waitpid(pids[i], &status, 0);
+    rates.push_back(WIFEXITED(status) && WEXITSTATUS(status) == 0 ? out[i] : 0);
+  }
+  munmap(out, 4096);
+  return rates;
+}
+
+// Host 0 allocates and hands each block to host 1 through a ring in the
+// pool; host 1 frees it (a cross-host free, back through the allocator's
+// ring to host 0, which reclaims it in its allocation slow path). Returns
+// blocks per second end to end, measured by host 1.
+double CrossHostFrees(const std::string& uri, uint64_t size, uint64_t n, int run) {
+  const std::string name = absl::StrCat("bench/handoff/", size, "/", run);
+  constexpr uint64_t kBatch = 64;
+  // Blocks in flight: at most 4096, and at most 128 MiB of them.
+  const uint64_t kCap = std::clamp<uint64_t>((128ull << 20) / size, kBatch, 4096);
+  auto rates = InHosts(2, [&](int i) -> double {
+    auto h = OpenHost(uri);
+    if (!h.ok()) return 0;
+    runtime::Coherence& c = h->pool->coherence();
+    // Handoff ring: head line (host 0), tail line (host 1), entries.
+    absl::StatusOr<PoolOffset> ring;
+    const int64_t give_up = NowNs() + 30'000'000'000;
+    if (i == 0) {
+      ring = h->alloc->AllocateNamed(name, 256 + kCap * 8);
+    } else {
+      while (!(ring = [&]() -> absl::StatusOr<PoolOffset> {
+               auto b = h->alloc->Find(name);
+               if (!b.ok()) return b.status();
+               return b->offset;
+             }())
+                  .ok()) {
+        if (NowNs() > give_up) return 0;
+        usleep(100);
+      }
+    }
+    if (!ring.ok()) return 0;
+    const PoolOffset head_at = *ring, tail_at = *ring + 128, entries = *ring + 256;
+    if (i == 0) {
+      struct Unname {
+        Allocator& a;
+        const std::string& name;
+        ~Unname() { (void)a.FreeNamed(name); }
+      } unname{*h->alloc, name};
+      uint64_t tail = 0;
+      for (uint64_t k = 0; k < n; ++k) {
+        while (k - tail >= kCap) {
+          tail = c.LoadFlag(tail_at);
+          if (NowNs() > give_up) return 0;
+        }
+        auto off = h->alloc->Allocate(size);
+        if (!off.ok()) {
+          std::fprintf(stderr, "cxlrt bench alloc: cross-host producer: %s\n",
+                       off.status().ToString().c_str());
+          return 0;
+        }
+        c.Write(entries + (k % kCap) * 8, &*off, 8);
+        if ((k + 1) % kBatch == 0 || k + 1 == n) {
+          c.Flush(entries, kCap * 8);
+          c.StoreFlag(head_at, k + 1);
+        }
+      }
+      // Stay until the consumer is done (its frees come to our rings).
+      while (c.LoadFlag(tail_at) < n && NowNs() < give_up) usleep(100);
+      return 1;
+    }
+    int64_t t0 = 0;
+    uint64_t head = 0;
+    for (uint64_t k = 0; k < n; ++k) {
+      while (k >= head) {
+        head = c.LoadFlag(head_at);
+        if (NowNs() > give_up) return 0;
+      }
+      if (k == 0) t0 = NowNs();
+      PoolOffset off = 0;
+      c.Fetch(&off, entries + (k % kCap) * 8, 8);
+      if (absl::Status st = h->alloc->Free(off); !st.ok()) {
+        std::fprintf(stderr, "cxlrt bench alloc: cross-host consumer: %s\n", st.ToString().c_str());
+        return 0;
+      }
+      if ((k + 1) % kBatch == 0 || k + 1 == n) c.StoreFlag(tail_at, k + 1);
+    }
+    return Rate(n, NowNs() - t0);
+  });
+  return rates[0] > 0 ? rates[1] : 0;
+}
+
+struct Row {
+  uint64_t size;
+  double glibc, mimalloc, cxlrt_local, cxlrt_two_hosts, cross_host;
+};
+
+std::string Mops(double r) { return r > 0 ? absl::StrFormat("%.2f", r / 1e6) : "-"; }
+
+}  // namespace
+
+int RunAllocBench(const AllocBenchOptions& o) {
+  const std::string uri_text = o.uri.empty() ? absl::StrCat("emu://bench-alloc-", getpid(), "?size=1G")
+                                             : o.uri;
+  auto parsed = runtime::ParsePoolUri(uri_text);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "cxlrt bench alloc: %s\n", std::string(parsed.status().message()).c_str());
+    return 1;
+  }
+  runtime::PoolUri uri = *parsed;
+  if (!uri.size) uri.size = 1ull << 30;
+  {
+    auto created = runtime::Pool::Create(uri.ToString());
+    if (!created.ok()) {
+      std::fprintf(stderr, "cxlrt bench alloc: %s (the benchmark makes its own pool)\n",
+                   std::string(created.status().message()).c_str());
+      return 1;
+    }
+  }
+  runtime::PoolUri open = uri;
+  open.size.reset();
+  open.hosts.reset();
+  open.devices.reset();
+  open.mode.reset();
+  open.node.reset();
+  open.coherence.reset();
+  const std::string open_uri = open.ToString();
+  struct Destroy {
+    std::string uri;
+    ~Destroy() { (void)runtime::Pool::Destroy(uri, {.force = true}); }
+  } destroy{open_uri};
+
+  const Summary memcpy_bw = MeasureMemcpy(64 << 20, 5);
+  std::vector<Row> rows;
+  for (uint64_t size : kSizes) {
+    Row r{size, 0, 0, 0, 0, 0};
+    auto median = [&](const std::function<double()>& fn) { return Summarize(Repeat(o.reps, fn)).median; };
+    const uint64_t n_glibc = OpsFor(PairRate(20000, [&] { return malloc(size); }, [](void* p) { free(p); }));
+    r.glibc = median([&] { return PairRate(n_glibc, [&] { return malloc(size); }, [](void* p) { free(p); }); });
+#ifdef CXLRT_HAVE_MIMALLOC
+    r.mimalloc = median([&] { return PairRate(n_glibc, [&] { return mi_malloc(size); }, [](void* p) { mi_free(p); }); });
+#endif
+    // One host, local pairs: in a child, so that every measurement starts
+    // from a fresh process like the two-host one.
+    r.cxlrt_local = InHosts(1, [&](int) -> double {
+      auto h = OpenHost(open_uri);
+      if (!h.ok()) return 0;
+      const uint64_t n = OpsFor(CxlrtPairs(*h->alloc, size, 20000));
+      return Summarize(Repeat(o.reps, [&] { return CxlrtPairs(*h->alloc, size, n); })).median;
+    })[0];
+    const uint64_t n = OpsFor(r.cxlrt_local > 0 ? r.cxlrt_local : 1e6);
+    auto both = InHosts(2, [&](int) -> double {
+      auto h = OpenHost(open_uri);
+      if (!h.ok()) return 0;
+      return Summarize(Repeat(o.reps, [&] { return CxlrtPairs(*h->alloc, size, n); })).median;
+    });
+    r.cxlrt_two_hosts = both[0] > 0 && both[1] > 0 ? both[0] + both[1] : 0;
+    std::vector<double> cross;
+    for (int k = 0; k < std::max(1, o.reps / 2); ++k) cross.push_back(CrossHostFrees(open_uri, size, n, k));
+    r.cross_host = Summarize(cross).median;
+    rows.push_back(r);
+  }
+
+  if (o.json) {
+    nlohmann::json j;
+    j["benchmark"] = "alloc";
+    j["uri"] = uri.ToString();
+    j["memcpy_gbps"] = memcpy_bw.median;
+    for (const Row& r : rows) {
+      nlohmann::json row = {{"size", r.size},
+                            {"glibc_pairs_per_s", r.glibc},
+                            {"cxlrt_local_pairs_per_s", r.cxlrt_local},
+                            {"cxlrt_two_hosts_pairs_per_s", r.cxlrt_two_hosts},
+                            {"cxlrt_cross_host_frees_per_s", r.cross_host},
+                            {"pair_time_vs_glibc", r.cxlrt_local > 0 ? r.glibc / r.cxlrt_local : 0},
+                            {"cross_vs_local", r.cxlrt_local > 0 ? r.cross_host / r.cxlrt_local : 0}};
+      if (r.mimalloc > 0) row["mimalloc_pairs_per_s"] = r.mimalloc;
+      j["results"].push_back(row);
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("# cxlrt bench alloc %s (hardware domain, medians of %d)\n", uri.ToString().c_str(),
+              o.reps);
+  std::printf("# this machine's memcpy: %s; rates in millions of allocate+free pairs per second\n",
+              FormatGbps(memcpy_bw.median).c_str());
+  std::printf("%10s %9s %9s %9s %12s %11s %11s %12s\n", "size", "glibc", "mimalloc", "cxlrt",
+              "time/glibc", "cxlrt 2 h", "cross-host", "cross/local");
+  for (const Row& r : rows) {
+    std::printf("%10llu %9s %9s %9s %12s %11s %11s %12s\n", static_cast<unsigned long long>(r.size),
+                Mops(r.glibc).c_str(), Mops(r.mimalloc).c_str(), Mops(r.cxlrt_local).c_str(),
+                r.cxlrt_local > 0 ? absl::StrFormat("%.2f", r.glibc / r.cxlrt_local).c_str() : "-",
+                Mops(r.cxlrt_two_hosts).c_str(), Mops(r.cross_host).c_str(),
+                r.cxlrt_local > 0 ? absl::StrFormat("%.2f", r.cross_host / r.cxlrt_local).c_str() : "-");
+  }
+  return 0;
+}
+
+}  // namespace cxlrt::bench
