@@ -10,6 +10,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "nlohmann/json.hpp"
+#include "allocator/allocator.h"
+#include "allocator/size_classes.h"
 #include "runtime/membership.h"
 #include "runtime/pool.h"
 #include "runtime/units.h"
@@ -97,6 +99,60 @@ json HostJson(const HostSample& s) {
 
 }  // namespace
 
+json AllocatorJson(const allocator::AllocatorStats& st) {
+  json a = {{"heap_bytes", st.heap_bytes},
+            {"segments", st.segment_count},
+            {"metadata_segments", st.meta_segments},
+            {"free_segments", st.free_segments},
+            {"free_bytes", st.free_bytes},
+            {"largest_free_extent", st.largest_free_extent},
+            {"fragmentation", st.fragmentation}};
+  a["hosts"] = json::array();
+  for (const allocator::HostStats& h : st.hosts) {
+    json classes = json::array();
+    for (uint32_t c = 0; c < allocator::kNumClasses; ++c) {
+      const auto& k = h.classes[c];
+      if (k.allocated == 0) continue;
+      classes.push_back({{"size", allocator::kClassSizes[c]},
+                         {"allocated", k.allocated},
+                         {"in_use", k.handed_out},
+                         {"durable", k.durable}});
+    }
+    a["hosts"].push_back({{"slot", h.slot},
+                          {"owned", h.owner_epoch != 0},
+                          {"segments", h.segments},
+                          {"bytes_in_use", h.bytes_in_use},
+                          {"bytes_cached", h.bytes_cached},
+                          {"durable_bytes", h.durable_bytes},
+                          {"pages", h.pages_allocated},
+                          {"huge_segments", h.huge_segments},
+                          {"rejected_frees", h.rejected_frees},
+                          {"classes", classes}});
+  }
+  return a;
+}
+
+void PrintAllocator(const allocator::AllocatorStats& st) {
+  std::printf("  allocator   %u segments of 2 MiB (%u metadata, %u free); free %s, largest free "
+              "run %s, fragmentation %.2f\n",
+              st.segment_count, st.meta_segments, st.free_segments, FormatBytes(st.free_bytes).c_str(),
+              FormatBytes(st.largest_free_extent).c_str(), st.fragmentation);
+  for (const allocator::HostStats& h : st.hosts) {
+    std::printf("    host %-3u %s %llu segments, in use %s, cached %s, durable %s%s\n", h.slot,
+                h.owner_epoch ? "owned, " : "unowned,", static_cast<unsigned long long>(h.segments),
+                FormatBytes(h.bytes_in_use).c_str(), FormatBytes(h.bytes_cached).c_str(),
+                FormatBytes(h.durable_bytes).c_str(),
+                h.rejected_frees ? absl::StrCat(", ", h.rejected_frees, " frees refused").c_str() : "");
+    std::string classes;
+    for (uint32_t c = 0; c < allocator::kNumClasses; ++c) {
+      if (h.classes[c].handed_out == 0) continue;
+      absl::StrAppend(&classes, classes.empty() ? "" : ", ", h.classes[c].handed_out, " x ",
+                      FormatBytes(allocator::kClassSizes[c]));
+    }
+    if (!classes.empty()) std::printf("             blocks in use: %s\n", classes.c_str());
+  }
+}
+
 int PoolCreate(const std::string& uri) {
   auto pool = Pool::Create(uri);
   if (!pool.ok()) return Fail(pool.status());
@@ -152,6 +208,11 @@ int PoolInfo(const std::string& uri, bool as_json) {
                               {"owner_host", r.owner_host},
                               {"generation", r.generation}});
     }
+    if (allocator::HasAllocator(pool)) {
+      auto st = allocator::ReadStats(pool);
+      if (!st.ok()) return Fail(st.status());
+      j["allocator"] = AllocatorJson(*st);
+    }
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -195,6 +256,13 @@ int PoolInfo(const std::string& uri, bool as_json) {
     std::printf("    %-32s at %s, %s, owner slot %u\n", r.name.c_str(), Hex(r.offset).c_str(),
                 FormatBytes(r.size).c_str(), r.owner_host);
   }
+  if (allocator::HasAllocator(pool)) {
+    auto st = allocator::ReadStats(pool);
+    if (!st.ok()) return Fail(st.status());
+    PrintAllocator(*st);
+  } else {
+    std::printf("  allocator   none yet (made by the first host that opens one)\n");
+  }
   return 0;
 }
 
@@ -204,6 +272,7 @@ int PoolCheck(const std::string& uri, bool as_json) {
   auto pool = Pool::Open(uri);
   if (pool.ok()) {
     status = (*pool)->Check(&problems);
+    if (status.ok()) status = allocator::Audit(**pool, &problems);
   } else {
     status = pool.status();
     if (status.code() != absl::StatusCode::kDataLoss) return Fail(status);
@@ -215,9 +284,10 @@ int PoolCheck(const std::string& uri, bool as_json) {
     return status.ok() ? 0 : 1;
   }
   if (status.ok()) {
-    std::printf("%s: healthy (header, %u host slots, %u directory entries checked)\n",
+    std::printf("%s: healthy (header, %u host slots, %u directory entries%s checked)\n",
                 (*pool)->name().c_str(), (*pool)->host_slots(),
-                (*pool)->header().directory_entry_count);
+                (*pool)->header().directory_entry_count,
+                allocator::HasAllocator(**pool) ? ", allocator metadata" : "");
     return 0;
   }
   std::fprintf(stderr, "%s: %zu problem%s\n", uri.c_str(), problems.size(),

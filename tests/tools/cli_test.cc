@@ -9,6 +9,9 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "allocator/allocator.h"
+#include "runtime/membership.h"
+#include "runtime/pool.h"
 #include "tests/testing/cli_util.h"
 #include "tests/testing/test_util.h"
 
@@ -155,6 +158,57 @@ TEST(CliTest, ABadEnvironmentVariableIsAClearError) {
       Cxlrt("doctor 2>&1 </dev/null; CXLRT_LEASE_MS=soon " + std::string(CXLRT_BIN) + " doctor");
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_NE(bad.out.find("CXLRT_LEASE_MS='soon'"), std::string::npos) << bad.out;
+}
+
+TEST(CliTest, InfoShowsTheAllocatorAndCheckAuditsIt) {
+  TempDir dir;
+  const std::string create = PoolUri(dir, "", "64M");
+  const std::string uri = OpenUri(create);
+  {
+    auto pool = runtime::Pool::Create(create);
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    runtime::AttachOptions ao;
+    ao.host_id = -1;
+    auto m = runtime::Membership::Attach(**pool, ao);
+    ASSERT_TRUE(m.ok()) << m.status();
+    allocator::AllocatorOptions opts;
+    opts.tick = absl::ZeroDuration();
+    auto a = allocator::Allocator::Open(**pool, **m, opts);
+    ASSERT_TRUE(a.ok()) << a.status();
+    for (int i = 0; i < 5; ++i) ASSERT_TRUE((*a)->Allocate(1000, {.durable = true}).ok());
+    ASSERT_TRUE((*a)->AllocateNamed("cli/named", 300).ok());
+    CXLRT_ASSERT_OK((*a)->Close());
+    CXLRT_ASSERT_OK((*m)->Detach());
+  }
+  Result r = CxlrtStdout("pool info --json " + Quote(uri));
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_TRUE(j.contains("allocator")) << r.out;
+  EXPECT_EQ(j["allocator"]["hosts"].size(), 1u);
+  EXPECT_EQ(j["allocator"]["hosts"][0]["bytes_in_use"], 5 * 1024 + 384);  // 300 B: class 384
+  EXPECT_EQ(j["allocator"]["hosts"][0]["owned"], false);
+  r = Cxlrt("pool info " + Quote(uri));
+  EXPECT_NE(r.out.find("allocator   "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("5 x 1 KiB"), std::string::npos) << r.out;
+  r = Cxlrt("pool check " + Quote(uri));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("allocator metadata"), std::string::npos) << r.out;
+
+  // Damage the first data segment's table entry: check names it.
+  {
+    auto pool = runtime::Pool::Open(uri);
+    ASSERT_TRUE(pool.ok());
+    auto region = (*pool)->FindRegion("cxlrt.allocator");
+    ASSERT_TRUE(region.ok());
+    allocator::AllocatorHeaderLayout h;
+    (*pool)->coherence().Fetch(&h, region->offset, sizeof(h));
+    const uint64_t entry = h.segment_table + uint64_t{h.meta_segments} * 64 + 8;
+    const uint32_t junk = 0xdeadbeef;
+    (*pool)->coherence().Publish(entry, &junk, sizeof(junk));
+  }
+  r = Cxlrt("pool check " + Quote(uri));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("segment table entry"), std::string::npos) << r.out;
 }
 
 TEST(CliTest, BenchPoolPrintsEveryMetricBesideTheModelAndMemcpy) {
