@@ -28,7 +28,10 @@ Allocator::Allocator(runtime::Pool& pool, runtime::Membership& membership,
       membership_(membership),
       options_(options),
       slot_(membership.slot()),
-      epoch_(membership.epoch()) {}
+      epoch_(membership.epoch()),
+      pool_lock_([this](const std::function<absl::Status()>& fn) {
+        return membership_.WithPoolLock(fn);
+      }) {}
 
 absl::StatusOr<std::unique_ptr<Allocator>> Allocator::Open(runtime::Pool& pool,
                                                            runtime::Membership& membership,
@@ -53,7 +56,8 @@ absl::Status Allocator::Init() {
       static const uint8_t kZeros[64 << 10] = {};
       const uint64_t bytes = uint64_t{h.meta_segments} * kSegmentSize;
       for (uint64_t off = 0; off < bytes; off += sizeof(kZeros)) {
-        c.CopyToPool(h.first_segment + off, kZeros, std::min<uint64_t>(sizeof(kZeros), bytes - off));
+        c.CopyToPool(h.first_segment + off, kZeros,
+                     std::min<uint64_t>(sizeof(kZeros), bytes - off));
       }
       HeapMeta meta(pool_, h);
       for (uint32_t i = 0; i < h.meta_segments; ++i) {
@@ -138,14 +142,11 @@ absl::StatusOr<PoolOffset> Allocator::Allocate(uint64_t size, const AllocOptions
   }
   std::lock_guard<std::mutex> lock(mu_);
   CXLRT_RETURN_IF_ERROR(CheckUsable());
-  const LockRunner with_lock = [this](const std::function<absl::Status()>& fn) {
-    return membership_.WithPoolLock(fn);
-  };
-  auto off = arena_->Allocate(size, alignment, options.durable, with_lock);
+  auto off = arena_->Allocate(size, alignment, options.durable, pool_lock_);
   if (off.ok() || off.status().code() != absl::StatusCode::kResourceExhausted) return off;
   // Full: take back what other hosts freed, then try once more.
   CXLRT_RETURN_IF_ERROR(DrainRings());
-  return arena_->Allocate(size, alignment, options.durable, with_lock);
+  return arena_->Allocate(size, alignment, options.durable, pool_lock_);
 }
 
 absl::Status Allocator::Free(PoolOffset offset) {
@@ -155,11 +156,7 @@ absl::Status Allocator::Free(PoolOffset offset) {
 }
 
 absl::Status Allocator::FreeLocked(PoolOffset offset, bool allow_named) {
-  if (arena_->Owns(offset)) {
-    return arena_->Free(offset, allow_named, [this](const std::function<absl::Status()>& fn) {
-      return membership_.WithPoolLock(fn);
-    });
-  }
+  if (arena_->Owns(offset)) return arena_->Free(offset, allow_named, pool_lock_);
   return RemoteFree(offset, allow_named);
 }
 
@@ -192,8 +189,9 @@ absl::Status Allocator::RemoteFree(PoolOffset off, bool allow_named) {
       c.Fetch(&words[0], base + kAllocBitmapOffset + b / 64 * 8, 8);
       c.Fetch(&words[1], base + kDurableBitmapOffset + b / 64 * 8, 8);
       if (!((words[0] >> (b % 64)) & 1)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "double free: the block at 0x", absl::Hex(off), " of host ", e.owner, " is not allocated"));
+        return absl::FailedPreconditionError(absl::StrCat("double free: the block at 0x",
+                                                          absl::Hex(off), " of host ", e.owner,
+                                                          " is not allocated"));
       }
       durable = (words[1] >> (b % 64)) & 1;
       break;
@@ -201,10 +199,11 @@ absl::Status Allocator::RemoteFree(PoolOffset off, bool allow_named) {
     case SegmentState::kPages: {
       const uint64_t rel = off - base;
       uint8_t run = 0;
-      if (rel % kPageSize == 0 && rel > 0) c.Fetch(&run, base + kRunLengthOffset + rel / kPageSize, 1);
+      if (rel % kPageSize == 0 && rel > 0)
+        c.Fetch(&run, base + kRunLengthOffset + rel / kPageSize, 1);
       if (run == 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "pool offset 0x", absl::Hex(off), " is not the start of an allocated block"));
+        return absl::InvalidArgumentError(absl::StrCat("pool offset 0x", absl::Hex(off),
+                                                       " is not the start of an allocated block"));
       }
       uint64_t dw = 0;
       c.Fetch(&dw, base + kDurableBitmapOffset, 8);
@@ -213,8 +212,9 @@ absl::Status Allocator::RemoteFree(PoolOffset off, bool allow_named) {
     }
     case SegmentState::kHugeHead:
       if (off != base) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "pool offset 0x", absl::Hex(off), " is inside the block starting at 0x", absl::Hex(base)));
+        return absl::InvalidArgumentError(absl::StrCat("pool offset 0x", absl::Hex(off),
+                                                       " is inside the block starting at 0x",
+                                                       absl::Hex(base)));
       }
       durable = e.durable != 0;
       break;
@@ -223,14 +223,15 @@ absl::Status Allocator::RemoteFree(PoolOffset off, bool allow_named) {
                                                      " is inside a block that starts at segment ",
                                                      e.head_index));
     default:
-      return absl::FailedPreconditionError(absl::StrCat(
-          "double free: pool offset 0x", absl::Hex(off), " is in a free segment"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("double free: pool offset 0x", absl::Hex(off), " is in a free segment"));
   }
   if (durable && !allow_named) {
     for (const auto& r : pool_.ListRegions().value_or(std::vector<runtime::RegionInfo>{})) {
       if (r.offset == off) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "the block at 0x", absl::Hex(off), " is published as '", r.name, "': free it with FreeNamed"));
+        return absl::FailedPreconditionError(absl::StrCat("the block at 0x", absl::Hex(off),
+                                                          " is published as '", r.name,
+                                                          "': free it with FreeNamed"));
       }
     }
   }
@@ -244,7 +245,8 @@ absl::Status Allocator::RemoteFree(PoolOffset off, bool allow_named) {
   return absl::OkStatus();
 }
 
-absl::Status Allocator::FreeInUnownedArena(uint32_t owner, const std::vector<RingEntryLayout>& entries) {
+absl::Status Allocator::FreeInUnownedArena(uint32_t owner,
+                                           const std::vector<RingEntryLayout>& entries) {
   // Nobody owns that arena (its host left or died and was recovered): free
   // in place, as the pool-lock holder. Only durable blocks are still there.
   return membership_.WithPoolLock([&]() -> absl::Status {
@@ -316,10 +318,7 @@ void Allocator::PushPending(uint32_t owner) {
 absl::Status Allocator::DrainRings() {
   // Only this host writes its tails (a survivor does once it is fenced), so
   // they are kept here rather than re-read.
-  const uint64_t applied =
-      arena_->DrainRings(&my_tails_, [this](const std::function<absl::Status()>& fn) {
-        return membership_.WithPoolLock(fn);
-      });
+  const uint64_t applied = arena_->DrainRings(&my_tails_, pool_lock_);
   if (applied > 0) arena_->PublishCounters();
   return absl::OkStatus();
 }
@@ -335,8 +334,8 @@ absl::StatusOr<PoolOffset> Allocator::AllocateNamed(absl::string_view name, uint
   AllocOptions o = options;
   o.durable = true;
   CXLRT_ASSIGN_OR_RETURN(PoolOffset off, Allocate(size, o));
-  absl::Status st = membership_.WithPoolLock(
-      [&] { return pool_.CreateRegion(name, off, size, slot_).status(); });
+  absl::Status st =
+      membership_.WithPoolLock([&] { return pool_.CreateRegion(name, off, size, slot_).status(); });
   if (!st.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     absl::Status undo = FreeLocked(off, /*allow_named=*/true);
@@ -379,7 +378,8 @@ absl::Status Allocator::Tick() {
 
 void Allocator::TickLoop() {
   std::unique_lock<std::mutex> lock(tick_mu_);
-  while (!tick_cv_.wait_for(lock, absl::ToChronoNanoseconds(options_.tick), [&] { return tick_stop_; })) {
+  while (!tick_cv_.wait_for(lock, absl::ToChronoNanoseconds(options_.tick),
+                            [&] { return tick_stop_; })) {
     lock.unlock();
     absl::Status s = Tick();
     if (s.ok() && options_.recover_dead_hosts && absl::Now() >= next_recovery_) {
@@ -399,7 +399,8 @@ absl::StatusOr<std::vector<uint32_t>> Allocator::RecoverDeadHosts() {
   std::vector<uint32_t> recovered;
   for (const runtime::HostView& v : hosts) {
     const uint32_t s = v.record.slot;
-    if (v.liveness != runtime::Liveness::kDead && v.liveness != runtime::Liveness::kFenced) continue;
+    if (v.liveness != runtime::Liveness::kDead && v.liveness != runtime::Liveness::kFenced)
+      continue;
     if (v.liveness == runtime::Liveness::kDead) {
       absl::Status f = membership_.Fence(s);
       if (!f.ok() && f.code() != absl::StatusCode::kFailedPrecondition) return f;

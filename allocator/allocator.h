@@ -23,6 +23,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -67,10 +68,10 @@ struct ClassStats {
 
 struct HostStats {
   uint32_t slot = 0;
-  uint64_t owner_epoch = 0;  // 0: unowned (its host left or died; durable blocks remain)
-  uint64_t segments = 0;     // slab, page and huge segments in the arena
-  uint64_t bytes_in_use = 0; // held by callers: class sizes, pages, huge segments
-  uint64_t bytes_cached = 0; // allocated in slabs but free in the owner's cache
+  uint64_t owner_epoch = 0;   // 0: unowned (its host left or died; durable blocks remain)
+  uint64_t segments = 0;      // slab, page and huge segments in the arena
+  uint64_t bytes_in_use = 0;  // held by callers: class sizes, pages, huge segments
+  uint64_t bytes_cached = 0;  // allocated in slabs but free in the owner's cache
   uint64_t durable_bytes = 0;
   uint64_t rejected_frees = 0;
   std::array<ClassStats, kNumClasses> classes{};
@@ -196,15 +197,17 @@ class Allocator {
   const AllocatorOptions options_;
   const uint32_t slot_;
   const uint64_t epoch_;
+  // Runs a function under the pool lock (made once: it is on every path).
+  const std::function<absl::Status(const std::function<absl::Status()>&)> pool_lock_;
   AllocatorHeaderLayout header_{};
 
   std::unique_ptr<allocator_internal::HeapMeta> meta_;  // set by Init, then constant
   std::mutex mu_;
   std::unique_ptr<allocator_internal::ArenaState> arena_;  // guarded by mu_
-  std::vector<uint64_t> my_heads_;               // guarded by mu_: head of ring (me, o)
-  std::vector<uint64_t> my_tails_;               // guarded by mu_: tail of ring (p, me)
+  std::vector<uint64_t> my_heads_;                         // guarded by mu_: head of ring (me, o)
+  std::vector<uint64_t> my_tails_;                         // guarded by mu_: tail of ring (p, me)
   std::vector<std::deque<RingEntryLayout>> pending_;  // guarded by mu_: frees queued for owner o
-  bool closed_ = false;                          // guarded by mu_
+  bool closed_ = false;                               // guarded by mu_
 
   std::mutex tick_mu_;
   std::condition_variable tick_cv_;

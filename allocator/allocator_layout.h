@@ -51,18 +51,18 @@ inline constexpr uint32_t kArenaSize = 1024;
 struct AllocatorHeaderLayout {
   uint64_t magic;  // kAllocatorMagic
   uint32_t version;
-  uint32_t host_slots;       // = the pool's
-  uint64_t segment_size;     // kSegmentSize
-  uint64_t first_segment;    // pool offset of segment 0 (= heap_offset)
-  uint32_t segment_count;    // segments in the heap
-  uint32_t meta_segments;    // segments 0..meta_segments-1 hold this metadata
-  uint64_t segment_table;    // pool offsets of the tables below
+  uint32_t host_slots;     // = the pool's
+  uint64_t segment_size;   // kSegmentSize
+  uint64_t first_segment;  // pool offset of segment 0 (= heap_offset)
+  uint32_t segment_count;  // segments in the heap
+  uint32_t meta_segments;  // segments 0..meta_segments-1 hold this metadata
+  uint64_t segment_table;  // pool offsets of the tables below
   uint64_t arenas;
   uint64_t ring_heads;
   uint64_t ring_tails;
   uint64_t ring_entries;
-  uint32_t ring_capacity;    // entries per ring, a power of two >= 8
-  uint32_t row_stride;       // bytes between rows of heads / tails (>= 128)
+  uint32_t ring_capacity;  // entries per ring, a power of two >= 8
+  uint32_t row_stride;     // bytes between rows of heads / tails (>= 128)
   uint8_t reserved[160];
   uint32_t reserved2;
   uint32_t checksum;  // CRC-32C of bytes [0, offsetof(checksum))
@@ -72,11 +72,11 @@ static_assert(offsetof(AllocatorHeaderLayout, checksum) == 252);
 
 enum class SegmentState : uint32_t {
   kFree = 0,
-  kMeta = 1,       // allocator metadata
-  kSlab = 2,       // blocks of one size class
-  kPages = 3,      // runs of 64 KiB pages
-  kHugeHead = 4,   // first segment of a huge block of run_length segments
-  kHugeTail = 5,   // other segments of a huge block; head_index names its head
+  kMeta = 1,      // allocator metadata
+  kSlab = 2,      // blocks of one size class
+  kPages = 3,     // runs of 64 KiB pages
+  kHugeHead = 4,  // first segment of a huge block of run_length segments
+  kHugeTail = 5,  // other segments of a huge block; head_index names its head
 };
 
 // One segment of the heap. Written only under the pool lock.
@@ -97,12 +97,12 @@ static_assert(sizeof(SegmentEntryLayout) == 64);
 // First line of a slab or page segment; written once by its owner after
 // the claim. Bitmaps follow at fixed offsets (below).
 struct alignas(64) SegmentHeaderLayout {
-  uint64_t magic;       // kSegmentMagic
-  uint64_t generation;  // = the table entry's at claim
-  uint32_t state;       // kSlab or kPages
-  uint32_t size_class;  // kSlab
-  uint32_t block_size;  // kSlab: bytes per block
-  uint32_t block_count; // kSlab: blocks; kPages: kPagesPerSegment - 1
+  uint64_t magic;        // kSegmentMagic
+  uint64_t generation;   // = the table entry's at claim
+  uint32_t state;        // kSlab or kPages
+  uint32_t size_class;   // kSlab
+  uint32_t block_size;   // kSlab: bytes per block
+  uint32_t block_count;  // kSlab: blocks; kPages: kPagesPerSegment - 1
   uint32_t owner;
   uint8_t reserved[24];
   uint32_t checksum;  // CRC-32C of bytes [0, 60)
@@ -111,7 +111,7 @@ static_assert(sizeof(SegmentHeaderLayout) == 64);
 inline constexpr uint64_t kSegmentMagic = 0x4745534C41545843ull;  // "CXTALSEG"
 
 // Offsets inside a slab or page segment (from its start).
-inline constexpr uint64_t kAllocBitmapOffset = 4096;   // bit i: block / page i allocated
+inline constexpr uint64_t kAllocBitmapOffset = 4096;    // bit i: block / page i allocated
 inline constexpr uint64_t kDurableBitmapOffset = 8192;  // bit i: durable
 inline constexpr uint64_t kRunLengthOffset = 12288;     // kPages: u8[32], pages of the run at i
 inline constexpr uint32_t kMaxBitmapWords = 4096 / 8;   // 32768 blocks at most
@@ -121,20 +121,20 @@ inline constexpr uint32_t kMaxBitmapWords = 4096 / 8;   // 32768 blocks at most
 // 4-6 blocks handed out per class, 7-9 durable blocks per class, 10 totals.
 struct ArenaLayout {
   // line 0
-  uint64_t version;      // even: stable; odd: a batch is being written (seqlock)
-  uint64_t owner_epoch;  // membership epoch of the owning host; 0: unowned
+  uint64_t version;         // even: stable; odd: a batch is being written (seqlock)
+  uint64_t owner_epoch;     // membership epoch of the owning host; 0: unowned
   uint64_t rejected_frees;  // remote frees the owner refused (double or bad)
   uint64_t stats_time_ns;   // owner's clock when the handed-out counts were published
   uint8_t pad0[32];
-  uint64_t allocated[kNumClasses];  // alloc bits set in its slabs, per class
-  uint64_t handed_out[kNumClasses]; // of those, given to callers (rest: cached)
+  uint64_t allocated[kNumClasses];   // alloc bits set in its slabs, per class
+  uint64_t handed_out[kNumClasses];  // of those, given to callers (rest: cached)
   uint64_t durable[kNumClasses];
   // line 10: pages and huge blocks
   uint64_t pages_allocated;  // 64 KiB pages allocated in its page segments
   uint64_t pages_durable;
-  uint64_t huge_segments;    // segments in its huge blocks
-  uint64_t huge_bytes;       // bytes asked for in its huge blocks
-  uint64_t page_bytes;       // bytes asked for in its page runs
+  uint64_t huge_segments;  // segments in its huge blocks
+  uint64_t huge_bytes;     // bytes asked for in its huge blocks
+  uint64_t page_bytes;     // bytes asked for in its page runs
   uint8_t pad1[24];
   uint8_t reserved[kArenaSize - 64 - 3 * 8 * kNumClasses - 64];
 };

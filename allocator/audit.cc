@@ -39,9 +39,7 @@ absl::StatusOr<bool> LoadStable(const HeapMeta& meta, uint32_t s, ArenaState* ar
 
 }  // namespace
 
-bool HasAllocator(const runtime::Pool& pool) {
-  return pool.FindRegion(kAllocatorRegionName).ok();
-}
+bool HasAllocator(const runtime::Pool& pool) { return pool.FindRegion(kAllocatorRegionName).ok(); }
 
 absl::StatusOr<AllocatorStats> ReadStats(const runtime::Pool& pool) {
   CXLRT_ASSIGN_OR_RETURN(AllocatorHeaderLayout h, allocator_internal::ReadAllocatorHeader(pool));
@@ -92,8 +90,7 @@ absl::StatusOr<AllocatorStats> ReadStats(const runtime::Pool& pool) {
     if (hs.segments > 0 || hs.owner_epoch != 0) st.hosts.push_back(hs);
   }
   st.fragmentation =
-      st.free_bytes == 0 ? 0.0
-                         : 1.0 - static_cast<double>(st.largest_free_extent) / st.free_bytes;
+      st.free_bytes == 0 ? 0.0 : 1.0 - static_cast<double>(st.largest_free_extent) / st.free_bytes;
   return st;
 }
 
@@ -169,8 +166,8 @@ absl::Status Audit(const runtime::Pool& pool, std::vector<std::string>* problems
         if (meta.c().LoadFlag(meta.TailOffset(o, p)) != tail) continue;
         if (tail > head || head - tail > h.ring_capacity) {
           problems.push_back(absl::StrCat("free ring from host ", p, " to host ", o, " has head ",
-                                          head, " and tail ", tail, " (capacity ",
-                                          h.ring_capacity, ")"));
+                                          head, " and tail ", tail, " (capacity ", h.ring_capacity,
+                                          ")"));
         }
       }
     }

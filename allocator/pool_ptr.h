@@ -26,10 +26,10 @@ class PoolPtr {
     const auto* b = reinterpret_cast<const uint8_t*>(p);
     if (b < base || b >= base + pool.size() ||
         sizeof(T) > static_cast<uint64_t>(base + pool.size() - b)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "pointer ", absl::Hex(reinterpret_cast<uintptr_t>(p)), " does not point into ",
-          pool.name(), " (mapped at ", absl::Hex(reinterpret_cast<uintptr_t>(base)), ", ",
-          pool.size(), " bytes)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("pointer ", absl::Hex(reinterpret_cast<uintptr_t>(p)),
+                       " does not point into ", pool.name(), " (mapped at ",
+                       absl::Hex(reinterpret_cast<uintptr_t>(base)), ", ", pool.size(), " bytes)"));
     }
     return PoolPtr(static_cast<runtime::PoolOffset>(b - base));
   }

@@ -13,8 +13,8 @@
 namespace cxlrt::allocator {
 
 inline constexpr uint32_t kClassSizes[kNumClasses] = {
-    64,    128,   192,   256,   384,   512,    768,    1024,   1536,   2048,   3072,   4096,
-    6144,  8192,  12288, 16384, 24576, 32768,  49152,  65536,  98304,  131072, 196608, 262144};
+    64,   128,  192,   256,   384,   512,   768,   1024,  1536,  2048,   3072,   4096,
+    6144, 8192, 12288, 16384, 24576, 32768, 49152, 65536, 98304, 131072, 196608, 262144};
 inline constexpr uint64_t kMaxSmallSize = 262144;
 
 // Blocks of class `c` in one slab segment.

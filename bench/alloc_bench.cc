@@ -32,7 +32,9 @@ using runtime::PoolOffset;
 constexpr uint64_t kSizes[] = {64, 256, 1024, 4096, 16384, 65536, 262144, 1 << 20};
 
 // Pairs (or frees) per second from `n` operations that took `ns`.
-double Rate(uint64_t n, int64_t ns) { return static_cast<double>(n) * 1e9 / static_cast<double>(ns); }
+double Rate(uint64_t n, int64_t ns) {
+  return static_cast<double>(n) * 1e9 / static_cast<double>(ns);
+}
 
 // Operations that take about 40 ms at `probe_rate` ops/s.
 uint64_t OpsFor(double probe_rate) {
@@ -130,10 +132,10 @@ double CrossHostFrees(const std::string& uri, uint64_t size, uint64_t n, int run
       ring = h->alloc->AllocateNamed(name, 256 + kCap * 8);
     } else {
       while (!(ring = [&]() -> absl::StatusOr<PoolOffset> {
-               auto b = h->alloc->Find(name);
-               if (!b.ok()) return b.status();
-               return b->offset;
-             }())
+                auto b = h->alloc->Find(name);
+                if (!b.ok()) return b.status();
+                return b->offset;
+              }())
                   .ok()) {
         if (NowNs() > give_up) return 0;
         usleep(100);
@@ -200,8 +202,8 @@ std::string Mops(double r) { return r > 0 ? absl::StrFormat("%.2f", r / 1e6) : "
 }  // namespace
 
 int RunAllocBench(const AllocBenchOptions& o) {
-  const std::string uri_text = o.uri.empty() ? absl::StrCat("emu://bench-alloc-", getpid(), "?size=1G")
-                                             : o.uri;
+  const std::string uri_text =
+      o.uri.empty() ? absl::StrCat("emu://bench-alloc-", getpid(), "?size=1G") : o.uri;
   auto parsed = runtime::ParsePoolUri(uri_text);
   if (!parsed.ok()) {
     std::fprintf(stderr, "cxlrt bench alloc: %s\n", std::string(parsed.status().message()).c_str());
@@ -232,13 +234,24 @@ int RunAllocBench(const AllocBenchOptions& o) {
 
   const Summary memcpy_bw = MeasureMemcpy(64 << 20, 5);
   std::vector<Row> rows;
-  for (uint64_t size : kSizes) {
+  std::vector<uint64_t> sizes = o.sizes;
+  if (sizes.empty()) sizes.assign(std::begin(kSizes), std::end(kSizes));
+  for (uint64_t size : sizes) {
     Row r{size, 0, 0, 0, 0, 0};
-    auto median = [&](const std::function<double()>& fn) { return Summarize(Repeat(o.reps, fn)).median; };
-    const uint64_t n_glibc = OpsFor(PairRate(20000, [&] { return malloc(size); }, [](void* p) { free(p); }));
-    r.glibc = median([&] { return PairRate(n_glibc, [&] { return malloc(size); }, [](void* p) { free(p); }); });
+    auto median = [&](const std::function<double()>& fn) {
+      return Summarize(Repeat(o.reps, fn)).median;
+    };
+    const uint64_t n_glibc = OpsFor(PairRate(
+        20000, [&] { return malloc(size); }, [](void* p) { free(p); }));
+    r.glibc = median([&] {
+      return PairRate(
+          n_glibc, [&] { return malloc(size); }, [](void* p) { free(p); });
+    });
 #ifdef CXLRT_HAVE_MIMALLOC
-    r.mimalloc = median([&] { return PairRate(n_glibc, [&] { return mi_malloc(size); }, [](void* p) { mi_free(p); }); });
+    r.mimalloc = median([&] {
+      return PairRate(
+          n_glibc, [&] { return mi_malloc(size); }, [](void* p) { mi_free(p); });
+    });
 #endif
     // One host, local pairs: in a child, so that every measurement starts
     // from a fresh process like the two-host one.
@@ -256,7 +269,8 @@ int RunAllocBench(const AllocBenchOptions& o) {
     });
     r.cxlrt_two_hosts = both[0] > 0 && both[1] > 0 ? both[0] + both[1] : 0;
     std::vector<double> cross;
-    for (int k = 0; k < std::max(1, o.reps / 2); ++k) cross.push_back(CrossHostFrees(open_uri, size, n, k));
+    for (int k = 0; k < std::max(1, o.reps / 2); ++k)
+      cross.push_back(CrossHostFrees(open_uri, size, n, k));
     r.cross_host = Summarize(cross).median;
     rows.push_back(r);
   }
@@ -267,13 +281,14 @@ int RunAllocBench(const AllocBenchOptions& o) {
     j["uri"] = uri.ToString();
     j["memcpy_gbps"] = memcpy_bw.median;
     for (const Row& r : rows) {
-      nlohmann::json row = {{"size", r.size},
-                            {"glibc_pairs_per_s", r.glibc},
-                            {"cxlrt_local_pairs_per_s", r.cxlrt_local},
-                            {"cxlrt_two_hosts_pairs_per_s", r.cxlrt_two_hosts},
-                            {"cxlrt_cross_host_frees_per_s", r.cross_host},
-                            {"pair_time_vs_glibc", r.cxlrt_local > 0 ? r.glibc / r.cxlrt_local : 0},
-                            {"cross_vs_local", r.cxlrt_local > 0 ? r.cross_host / r.cxlrt_local : 0}};
+      nlohmann::json row = {
+          {"size", r.size},
+          {"glibc_pairs_per_s", r.glibc},
+          {"cxlrt_local_pairs_per_s", r.cxlrt_local},
+          {"cxlrt_two_hosts_pairs_per_s", r.cxlrt_two_hosts},
+          {"cxlrt_cross_host_frees_per_s", r.cross_host},
+          {"pair_time_vs_glibc", r.cxlrt_local > 0 ? r.glibc / r.cxlrt_local : 0},
+          {"cross_vs_local", r.cxlrt_local > 0 ? r.cross_host / r.cxlrt_local : 0}};
       if (r.mimalloc > 0) row["mimalloc_pairs_per_s"] = r.mimalloc;
       j["results"].push_back(row);
     }
@@ -287,11 +302,12 @@ int RunAllocBench(const AllocBenchOptions& o) {
   std::printf("%10s %9s %9s %9s %12s %11s %11s %12s\n", "size", "glibc", "mimalloc", "cxlrt",
               "time/glibc", "cxlrt 2 h", "cross-host", "cross/local");
   for (const Row& r : rows) {
-    std::printf("%10llu %9s %9s %9s %12s %11s %11s %12s\n", static_cast<unsigned long long>(r.size),
-                Mops(r.glibc).c_str(), Mops(r.mimalloc).c_str(), Mops(r.cxlrt_local).c_str(),
-                r.cxlrt_local > 0 ? absl::StrFormat("%.2f", r.glibc / r.cxlrt_local).c_str() : "-",
-                Mops(r.cxlrt_two_hosts).c_str(), Mops(r.cross_host).c_str(),
-                r.cxlrt_local > 0 ? absl::StrFormat("%.2f", r.cross_host / r.cxlrt_local).c_str() : "-");
+    std::printf(
+        "%10llu %9s %9s %9s %12s %11s %11s %12s\n", static_cast<unsigned long long>(r.size),
+        Mops(r.glibc).c_str(), Mops(r.mimalloc).c_str(), Mops(r.cxlrt_local).c_str(),
+        r.cxlrt_local > 0 ? absl::StrFormat("%.2f", r.glibc / r.cxlrt_local).c_str() : "-",
+        Mops(r.cxlrt_two_hosts).c_str(), Mops(r.cross_host).c_str(),
+        r.cxlrt_local > 0 ? absl::StrFormat("%.2f", r.cross_host / r.cxlrt_local).c_str() : "-");
   }
   return 0;
 }

@@ -5,7 +5,9 @@
 // run. Makes its own pool (hardware domain) and destroys it after.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace cxlrt::bench {
 
@@ -13,6 +15,7 @@ struct AllocBenchOptions {
   std::string uri;  // a pool that does not exist yet; "" : emu://bench-alloc-PID?size=1G
   int reps = 5;
   bool json = false;
+  std::vector<uint64_t> sizes;  // empty: 64 B .. 1 MiB
 };
 
 // Prints the table (or JSON). Returns 0, or 1 with a message on stderr.

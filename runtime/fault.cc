@@ -20,7 +20,8 @@ namespace {
 constexpr FaultPointInfo kFaultPoints[] = {
     {"pool.create.before_magic",
      "the new pool's header body is published (corrupt: damages it); its magic is not"},
-    {"coherence.publish", "a Publish() wrote and flushed its range (corrupt: damages its last byte)"},
+    {"coherence.publish",
+     "a Publish() wrote and flushed its range (corrupt: damages its last byte)"},
     {"bakery.after_choosing", "the bakery ticket says choosing; no number taken yet"},
     {"bakery.locked", "the pool lock is held; nothing written under it yet"},
     {"membership.claim.locked", "attach holds the pool lock; the slot's control line is unchanged"},
@@ -28,16 +29,19 @@ constexpr FaultPointInfo kFaultPoints[] = {
      "attach wrote the slot's control line (attached, new epoch); the owner line still has the "
      "old epoch; the lock is held"},
     {"membership.heartbeat", "the heartbeat thread is about to beat"},
-    {"membership.fence.locked", "fence holds the pool lock; the victim's control line is unchanged"},
+    {"membership.fence.locked",
+     "fence holds the pool lock; the victim's control line is unchanged"},
     {"membership.detach.locked", "detach holds the pool lock; the slot is still attached"},
     {"alloc.claim.after_entry",
-     "a segment claim wrote the segment's table entry (owned, under the pool lock); its header is not initialised"},
+     "a segment claim wrote the segment's table entry (owned, under the pool lock); its header is "
+     "not initialised"},
     {"alloc.huge.after_tails",
      "a huge allocation marked its tail segments; its head entry is not written"},
     {"alloc.allocate.done",
      "a small block is marked allocated and handed out; the caller has not got it yet"},
     {"alloc.free.after_bitmap",
-     "a free cleared the block's alloc bit; the arena's counters are not yet published"},
+     "a free wrote cleared alloc bits back to the pool (its cache was full); the arena's counters "
+     "are not yet published"},
     {"alloc.remote_free.after_entry",
      "a remote free wrote its ring entry; the ring head is not yet published"},
     {"alloc.recover.reclaimed",
@@ -45,7 +49,7 @@ constexpr FaultPointInfo kFaultPoints[] = {
 };
 
 std::mutex g_mu;
-std::vector<FaultRule>* g_rules = nullptr;        // guarded by g_mu
+std::vector<FaultRule>* g_rules = nullptr;          // guarded by g_mu
 std::map<std::string, uint64_t>* g_hits = nullptr;  // guarded by g_mu
 std::once_flag g_env_once;
 
@@ -83,7 +87,8 @@ void Hit(const char* point, Coherence* coherence, uint64_t offset, size_t n) {
   }
   switch (fire.action) {
     case FaultAction::kCrash: {
-      std::string msg = absl::StrCat("cxlrt: fault point ", point, ": crash (pid ", getpid(), ")\n");
+      std::string msg =
+          absl::StrCat("cxlrt: fault point ", point, ": crash (pid ", getpid(), ")\n");
       ssize_t ignored = write(STDERR_FILENO, msg.data(), msg.size());
       (void)ignored;
       _exit(kFaultExitCode);
@@ -138,8 +143,8 @@ absl::StatusOr<std::vector<FaultRule>> ParseFaultSpec(absl::string_view spec) {
                r.stall_ms <= 3600000) {
       r.action = FaultAction::kStall;
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "fault action '", action, "' in '", item, "' is not crash, stall=MS or corrupt"));
+      return absl::InvalidArgumentError(absl::StrCat("fault action '", action, "' in '", item,
+                                                     "' is not crash, stall=MS or corrupt"));
     }
     if (parts.size() == 3 && (!absl::SimpleAtoi(parts[2], &r.count) || r.count == 0)) {
       return absl::InvalidArgumentError(

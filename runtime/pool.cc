@@ -517,8 +517,8 @@ absl::StatusOr<uint32_t> Pool::CreateRegion(absl::string_view name, PoolOffset o
                                             uint64_t size, uint32_t owner_host) {
   RegionEntryLayout e = {};
   if (name.empty() || name.size() >= sizeof(e.name)) {
-    return absl::InvalidArgumentError(absl::StrCat("region name '", name, "' must be 1-",
-                                                   sizeof(e.name) - 1, " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("region name '", name, "' must be 1-", sizeof(e.name) - 1, " bytes"));
   }
   if (size == 0 || offset < header_.heap_offset || offset > header_.pool_size ||
       size > header_.pool_size - offset || offset % 64 != 0) {
@@ -531,8 +531,7 @@ absl::StatusOr<uint32_t> Pool::CreateRegion(absl::string_view name, PoolOffset o
     RegionEntryLayout cur;
     bool zero = false;
     if (!ReadRecord(*coherence_, DirectoryEntryOffset(i), &cur, RegionEntryChecksum, &zero)) {
-      return Corrupt(identity_, absl::StrCat("region directory entry ", i,
-                                                       " checksum mismatch"));
+      return Corrupt(identity_, absl::StrCat("region directory entry ", i, " checksum mismatch"));
     }
     const bool live = !zero && cur.state == static_cast<uint32_t>(RegionState::kLive);
     if (live && SafeString(cur.name, sizeof(cur.name)) == name) {

@@ -108,6 +108,10 @@ int main(int argc, char** argv) {
   bench_alloc->add_option("--pool", alloc_uri,
                           "URI of a pool to create (default emu://bench-alloc-PID?size=1G)");
   bench_alloc->add_option("--reps", alloc_reps, "Repetitions (medians)")->check(CLI::Range(1, 100));
+  std::vector<uint64_t> alloc_sizes;
+  bench_alloc->add_option("--sizes", alloc_sizes, "Block sizes in bytes (default 64 B .. 1 MiB)")
+      ->delimiter(',')
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 30));
   bench_alloc->add_flag("--json", json, "Machine-readable output");
 
   CLI::App* doctor = app.add_subcommand("doctor", "What this machine offers: NUMA, CXL, DAX, CUDA");
@@ -146,7 +150,7 @@ int main(int argc, char** argv) {
   if (*fence) return tools::PoolFence(uri, slot, force);
   if (*doctor) return tools::Doctor(json);
   if (*run) return tools::Run(ranks, hosts, run_pool, timeout_s, command);
-  if (*bench_alloc) return bench::RunAllocBench({alloc_uri, alloc_reps, json});
+  if (*bench_alloc) return bench::RunAllocBench({alloc_uri, alloc_reps, json, alloc_sizes});
   if (*bench_pool) {
     if (bench_uri.empty()) bench_uri = "emu://bench-" + std::to_string(getpid()) + "?size=256M";
     return bench::RunPoolBench({bench_uri, reps, json});

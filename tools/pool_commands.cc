@@ -9,9 +9,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "nlohmann/json.hpp"
 #include "allocator/allocator.h"
 #include "allocator/size_classes.h"
+#include "nlohmann/json.hpp"
 #include "runtime/membership.h"
 #include "runtime/pool.h"
 #include "runtime/units.h"
@@ -100,13 +100,11 @@ json HostJson(const HostSample& s) {
 }  // namespace
 
 json AllocatorJson(const allocator::AllocatorStats& st) {
-  json a = {{"heap_bytes", st.heap_bytes},
-            {"segments", st.segment_count},
-            {"metadata_segments", st.meta_segments},
-            {"free_segments", st.free_segments},
-            {"free_bytes", st.free_bytes},
-            {"largest_free_extent", st.largest_free_extent},
-            {"fragmentation", st.fragmentation}};
+  json a = {
+      {"heap_bytes", st.heap_bytes},           {"segments", st.segment_count},
+      {"metadata_segments", st.meta_segments}, {"free_segments", st.free_segments},
+      {"free_bytes", st.free_bytes},           {"largest_free_extent", st.largest_free_extent},
+      {"fragmentation", st.fragmentation}};
   a["hosts"] = json::array();
   for (const allocator::HostStats& h : st.hosts) {
     json classes = json::array();
@@ -133,16 +131,18 @@ json AllocatorJson(const allocator::AllocatorStats& st) {
 }
 
 void PrintAllocator(const allocator::AllocatorStats& st) {
-  std::printf("  allocator   %u segments of 2 MiB (%u metadata, %u free); free %s, largest free "
-              "run %s, fragmentation %.2f\n",
-              st.segment_count, st.meta_segments, st.free_segments, FormatBytes(st.free_bytes).c_str(),
-              FormatBytes(st.largest_free_extent).c_str(), st.fragmentation);
+  std::printf(
+      "  allocator   %u segments of 2 MiB (%u metadata, %u free); free %s, largest free "
+      "run %s, fragmentation %.2f\n",
+      st.segment_count, st.meta_segments, st.free_segments, FormatBytes(st.free_bytes).c_str(),
+      FormatBytes(st.largest_free_extent).c_str(), st.fragmentation);
   for (const allocator::HostStats& h : st.hosts) {
-    std::printf("    host %-3u %s %llu segments, in use %s, cached %s, durable %s%s\n", h.slot,
-                h.owner_epoch ? "owned, " : "unowned,", static_cast<unsigned long long>(h.segments),
-                FormatBytes(h.bytes_in_use).c_str(), FormatBytes(h.bytes_cached).c_str(),
-                FormatBytes(h.durable_bytes).c_str(),
-                h.rejected_frees ? absl::StrCat(", ", h.rejected_frees, " frees refused").c_str() : "");
+    std::printf(
+        "    host %-3u %s %llu segments, in use %s, cached %s, durable %s%s\n", h.slot,
+        h.owner_epoch ? "owned, " : "unowned,", static_cast<unsigned long long>(h.segments),
+        FormatBytes(h.bytes_in_use).c_str(), FormatBytes(h.bytes_cached).c_str(),
+        FormatBytes(h.durable_bytes).c_str(),
+        h.rejected_frees ? absl::StrCat(", ", h.rejected_frees, " frees refused").c_str() : "");
     std::string classes;
     for (uint32_t c = 0; c < allocator::kNumClasses; ++c) {
       if (h.classes[c].handed_out == 0) continue;

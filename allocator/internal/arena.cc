@@ -1,6 +1,7 @@
 #include "allocator/internal/arena.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cstring>
 
@@ -36,9 +37,27 @@ absl::Status Corrupt(const runtime::Pool& pool, absl::string_view what) {
 uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 // Blocks a refill takes at once: about 64 KiB worth, 1..64 blocks.
-uint32_t BatchFor(uint32_t cls) {
-  return static_cast<uint32_t>(std::clamp<uint64_t>((64 << 10) / kClassSizes[cls], 1, 64));
-}
+constexpr std::array<uint32_t, kNumClasses> kBatch = [] {
+  std::array<uint32_t, kNumClasses> b{};
+  for (uint32_t c = 0; c < kNumClasses; ++c) {
+    b[c] = static_cast<uint32_t>(std::clamp<uint64_t>((64 << 10) / kClassSizes[c], 1, 64));
+  }
+  return b;
+}();
+inline uint32_t BatchFor(uint32_t cls) { return kBatch[cls]; }
+
+// Block index of `rel` bytes into a slab's blocks, by multiplication:
+// idx = rel * ceil(2^42 / size) >> 42 is exact for rel < 2^21 (a segment)
+// and sizes of at most 2^18, since rel / size never has a fractional part
+// above 1 - 2^-18.
+constexpr std::array<uint64_t, kNumClasses> kInverse = [] {
+  std::array<uint64_t, kNumClasses> v{};
+  for (uint32_t c = 0; c < kNumClasses; ++c) {
+    v[c] = ((uint64_t{1} << 42) + kClassSizes[c] - 1) / kClassSizes[c];
+  }
+  return v;
+}();
+inline uint64_t BlockIndex(uint64_t rel, uint32_t cls) { return (rel * kInverse[cls]) >> 42; }
 
 uint64_t ValidMask(uint32_t blocks, uint32_t word) {
   const uint64_t first = uint64_t{word} * 64;
@@ -90,16 +109,20 @@ absl::StatusOr<AllocatorHeaderLayout> PlanLayout(const runtime::Pool& pool) {
     at = RoundUp(at + uint64_t{h.host_slots} * h.row_stride, 4096);
     h.ring_entries = at;
     at += uint64_t{h.host_slots} * ring_row;
-    h.meta_segments = static_cast<uint32_t>(RoundUp(at - h.first_segment, kSegmentSize) / kSegmentSize);
+    h.meta_segments =
+        static_cast<uint32_t>(RoundUp(at - h.first_segment, kSegmentSize) / kSegmentSize);
     const uint32_t share = cap == 8 ? 4 : 16;
-    if (h.meta_segments < h.segment_count && h.meta_segments * share <= h.segment_count + share - 1) {
+    if (h.meta_segments < h.segment_count &&
+        h.meta_segments * share <= h.segment_count + share - 1) {
       break;
     }
     if (cap == 8) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the heap of ", pool.name(), " (", h.segment_count, " segments of 2 MiB) is too small for "
-          "an allocator with ", h.host_slots, " host slots: its tables need ", h.meta_segments,
-          " segments; create the pool larger or with fewer hosts="));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the heap of ", pool.name(), " (", h.segment_count,
+                       " segments of 2 MiB) is too small for "
+                       "an allocator with ",
+                       h.host_slots, " host slots: its tables need ", h.meta_segments,
+                       " segments; create the pool larger or with fewer hosts="));
     }
   }
   h.checksum = AllocatorHeaderChecksum(h);
@@ -124,9 +147,9 @@ absl::StatusOr<AllocatorHeaderLayout> ReadAllocatorHeader(const runtime::Pool& p
                                       allocator::kAllocatorVersion, ")"));
   }
   if (AllocatorHeaderChecksum(h) != h.checksum) {
-    return Corrupt(pool, absl::StrCat("header checksum is 0x", absl::Hex(h.checksum),
-                                      " but its bytes sum to 0x",
-                                      absl::Hex(AllocatorHeaderChecksum(h))));
+    return Corrupt(pool,
+                   absl::StrCat("header checksum is 0x", absl::Hex(h.checksum),
+                                " but its bytes sum to 0x", absl::Hex(AllocatorHeaderChecksum(h))));
   }
   const uint64_t meta_end = h.first_segment + uint64_t{h.meta_segments} * kSegmentSize;
   const bool cap_ok = h.ring_capacity >= 8 && h.ring_capacity <= 4096 &&
@@ -180,9 +203,9 @@ absl::StatusOr<SegmentEntryLayout> HeapMeta::ReadEntry(uint32_t i) const {
       return e;
     }
   }
-  return Corrupt(pool_, absl::StrCat("segment table entry ", i, " checksum is 0x",
-                                     absl::Hex(e.checksum), " but its bytes sum to 0x",
-                                     absl::Hex(EntryChecksum(e))));
+  return Corrupt(pool_,
+                 absl::StrCat("segment table entry ", i, " checksum is 0x", absl::Hex(e.checksum),
+                              " but its bytes sum to 0x", absl::Hex(EntryChecksum(e))));
 }
 
 void HeapMeta::WriteEntry(uint32_t i, const SegmentEntryLayout& entry) const {
@@ -266,8 +289,8 @@ absl::Status ArenaState::Load() {
       auto hdr = meta_.ReadSegmentHeader(i, e);
       s->valid = hdr.has_value();
       s->cls = e.size_class;
-      s->blocks = state == SegmentState::kSlab ? allocator::SlabBlocks(e.size_class)
-                                                : kPagesPerSegment;
+      s->blocks =
+          state == SegmentState::kSlab ? allocator::SlabBlocks(e.size_class) : kPagesPerSegment;
       s->block_size = state == SegmentState::kSlab ? kClassSizes[e.size_class] : kPageSize;
       const uint32_t words = (s->blocks + 63) / 64;
       s->alloc.assign(words, 0);
@@ -282,7 +305,8 @@ absl::Status ArenaState::Load() {
       }
       if (!s->valid) problem(i, "claimed but its header is not initialised (an interrupted claim)");
       for (uint32_t w = 0; w < words; ++w) {
-        if (s->alloc[w] & ~ValidMask(s->blocks, w)) problem(i, "alloc bits set past its last block");
+        if (s->alloc[w] & ~ValidMask(s->blocks, w))
+          problem(i, "alloc bits set past its last block");
         if (s->durable[w] & ~s->alloc[w]) problem(i, "durable bits set on blocks not allocated");
         s->alloc[w] &= ValidMask(s->blocks, w);
         s->durable[w] &= s->alloc[w];
@@ -331,16 +355,17 @@ absl::Status ArenaState::Load() {
         const SegmentEntryLayout& t = entries[i + k];
         if (t.state != static_cast<uint32_t>(SegmentState::kHugeTail) || t.head_index != i ||
             t.owner != slot_) {
-          return Corrupt(meta_.pool(), absl::StrCat("huge block at segment ", i, " of ",
-                                                    e.run_length, " segments: segment ", i + k,
-                                                    " is not its tail"));
+          return Corrupt(meta_.pool(),
+                         absl::StrCat("huge block at segment ", i, " of ", e.run_length,
+                                      " segments: segment ", i + k, " is not its tail"));
         }
       }
       huge_segments_ += e.run_length;
       huge_bytes_ += e.block_size;
     } else {  // a tail: valid when its head claims it
       const uint32_t head = e.head_index;
-      const bool ok = head < i && entries[head].state == static_cast<uint32_t>(SegmentState::kHugeHead) &&
+      const bool ok = head < i &&
+                      entries[head].state == static_cast<uint32_t>(SegmentState::kHugeHead) &&
                       entries[head].owner == slot_ && head + entries[head].run_length > i;
       if (ok) continue;
       s->valid = false;  // an orphan left by an interrupted claim or release
@@ -369,7 +394,8 @@ bool ArenaState::Owns(PoolOffset off) const {
 
 void ArenaState::WriteBits(Segment& s, bool durable_map, uint32_t word) {
   const uint64_t v = (durable_map ? s.durable : s.alloc)[word];
-  meta_.c().Publish(meta_.SegOffset(s.index) + (durable_map ? kDurableBitmapOffset : kAllocBitmapOffset) +
+  meta_.c().Publish(meta_.SegOffset(s.index) +
+                        (durable_map ? kDurableBitmapOffset : kAllocBitmapOffset) +
                         uint64_t{word} * 8,
                     &v, sizeof(v));
 }
@@ -470,9 +496,9 @@ absl::StatusOr<ArenaState::Segment*> ArenaState::Claim(SegmentState state, uint3
       segs_[i] = std::move(s);
       return absl::OkStatus();
     }
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the heap of ", meta_.pool().name(), " is full: no free 2 MiB segment left of ",
-        h.segment_count - h.meta_segments));
+    return absl::ResourceExhaustedError(absl::StrCat("the heap of ", meta_.pool().name(),
+                                                     " is full: no free 2 MiB segment left of ",
+                                                     h.segment_count - h.meta_segments));
   }));
   return claimed;
 }
@@ -523,7 +549,8 @@ uint32_t ArenaState::Refill(Segment& s, uint32_t want) {
       const uint32_t b = w * 64 + std::countr_zero(free);
       free &= free - 1;
       SetBit(s.alloc, b);
-      cache_[s.cls].push_back(meta_.SegOffset(s.index) + kSegmentHeaderSize + uint64_t{b} * s.block_size);
+      cache_[s.cls].push_back(meta_.SegOffset(s.index) + kSegmentHeaderSize +
+                              uint64_t{b} * s.block_size);
       ++got;
     }
     WriteBits(s, false, w);
@@ -559,7 +586,8 @@ absl::StatusOr<PoolOffset> ArenaState::AllocSmall(uint32_t cls, bool durable,
   cache_[cls].pop_back();
   uint32_t i = 0;
   Segment& s = *Mine(off, &i);
-  const uint32_t b = static_cast<uint32_t>((off - meta_.SegOffset(i) - kSegmentHeaderSize) / s.block_size);
+  const uint32_t b =
+      static_cast<uint32_t>(BlockIndex(off - meta_.SegOffset(i) - kSegmentHeaderSize, s.cls));
   SetBit(s.handed, b);
   ++counts_[cls].handed_out;
   if (durable) {
@@ -621,9 +649,9 @@ absl::StatusOr<PoolOffset> ArenaState::AllocHuge(uint64_t size, uint64_t alignme
   const AllocatorHeaderLayout& h = meta_.header();
   const uint64_t n64 = (size + kSegmentSize - 1) / kSegmentSize;
   if (n64 > h.segment_count - h.meta_segments) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "a block of ", size, " bytes needs ", n64, " segments but the heap of ",
-        meta_.pool().name(), " has ", h.segment_count - h.meta_segments));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("a block of ", size, " bytes needs ", n64, " segments but the heap of ",
+                     meta_.pool().name(), " has ", h.segment_count - h.meta_segments));
   }
   const uint32_t n = static_cast<uint32_t>(n64);
   PoolOffset result = 0;
@@ -701,8 +729,8 @@ absl::Status ArenaState::Free(PoolOffset off, bool allow_named, const LockRunner
   uint32_t i = 0;
   Segment* sp = Mine(off, &i);
   if (!sp) {
-    return absl::InvalidArgumentError(absl::StrCat("pool offset 0x", absl::Hex(off),
-                                                    " is not in an allocated block of host ", slot_));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pool offset 0x", absl::Hex(off), " is not in an allocated block of host ", slot_));
   }
   Segment& s = *sp;
   const PoolOffset base = meta_.SegOffset(i);
@@ -722,17 +750,19 @@ absl::Status ArenaState::Free(PoolOffset off, bool allow_named, const LockRunner
   switch (s.state) {
     case SegmentState::kSlab: {
       const uint64_t rel = off - base;
-      const uint64_t b64 = rel >= kSegmentHeaderSize ? (rel - kSegmentHeaderSize) / s.block_size : ~0ull;
-      if (rel < kSegmentHeaderSize || (rel - kSegmentHeaderSize) % s.block_size != 0 || b64 >= s.blocks) {
+      const uint64_t b64 =
+          rel >= kSegmentHeaderSize ? BlockIndex(rel - kSegmentHeaderSize, s.cls) : ~0ull;
+      if (rel < kSegmentHeaderSize || b64 * s.block_size != rel - kSegmentHeaderSize ||
+          b64 >= s.blocks) {
         return absl::InvalidArgumentError(absl::StrCat(
             "pool offset 0x", absl::Hex(off), " is not the start of a block (blocks of ",
             s.block_size, " bytes start at 0x", absl::Hex(base + kSegmentHeaderSize), ")"));
       }
       const uint32_t b = static_cast<uint32_t>(b64);
       if (!TestBit(s.handed, b)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "double free: the block at 0x", absl::Hex(off), " (", s.block_size,
-            " bytes) is not allocated"));
+        return absl::FailedPreconditionError(absl::StrCat("double free: the block at 0x",
+                                                          absl::Hex(off), " (", s.block_size,
+                                                          " bytes) is not allocated"));
       }
       const bool durable = TestBit(s.durable, b);
       if (durable) CXLRT_RETURN_IF_ERROR(named_check());
@@ -767,7 +797,8 @@ absl::Status ArenaState::Free(PoolOffset off, bool allow_named, const LockRunner
       for (PoolOffset o : back) {
         uint32_t j = 0;
         Segment& t = *Mine(o, &j);
-        const uint32_t bb = static_cast<uint32_t>((o - meta_.SegOffset(j) - kSegmentHeaderSize) / t.block_size);
+        const uint32_t bb =
+            static_cast<uint32_t>((o - meta_.SegOffset(j) - kSegmentHeaderSize) / t.block_size);
         ClearBit(t.alloc, bb);
         WriteBits(t, false, bb / 64);
         --t.alloc_count;
@@ -791,8 +822,8 @@ absl::Status ArenaState::Free(PoolOffset off, bool allow_named, const LockRunner
           return absl::FailedPreconditionError(
               absl::StrCat("double free: the block at 0x", absl::Hex(off), " is not allocated"));
         }
-        return absl::InvalidArgumentError(absl::StrCat(
-            "pool offset 0x", absl::Hex(off), " is not the start of an allocated block"));
+        return absl::InvalidArgumentError(absl::StrCat("pool offset 0x", absl::Hex(off),
+                                                       " is not the start of an allocated block"));
       }
       const uint32_t n = s.run[p];
       const uint64_t bits = (n >= 64 ? ~uint64_t{0} : (uint64_t{1} << n) - 1) << p;
@@ -844,7 +875,8 @@ absl::Status ArenaState::Free(PoolOffset off, bool allow_named, const LockRunner
 absl::StatusOr<uint64_t> ArenaState::BlockSize(PoolOffset off) const {
   uint32_t i = 0;
   Segment* s = Mine(off, &i);
-  if (!s) return absl::InvalidArgumentError(absl::StrCat("0x", absl::Hex(off), " is not this host's"));
+  if (!s)
+    return absl::InvalidArgumentError(absl::StrCat("0x", absl::Hex(off), " is not this host's"));
   if (s->state == SegmentState::kSlab) return s->block_size;
   if (s->state == SegmentState::kPages) {
     const uint32_t p = static_cast<uint32_t>((off - meta_.SegOffset(i)) / kPageSize);
@@ -859,7 +891,8 @@ void ArenaState::FlushCache() {
     for (PoolOffset o : cache_[c]) {
       uint32_t j = 0;
       Segment& t = *Mine(o, &j);
-      const uint32_t b = static_cast<uint32_t>((o - meta_.SegOffset(j) - kSegmentHeaderSize) / t.block_size);
+      const uint32_t b =
+          static_cast<uint32_t>((o - meta_.SegOffset(j) - kSegmentHeaderSize) / t.block_size);
       ClearBit(t.alloc, b);
       WriteBits(t, false, b / 64);
       --t.alloc_count;
@@ -983,13 +1016,15 @@ void ArenaState::Audit(std::vector<std::string>* problems) const {
   };
   for (uint32_t c = 0; c < kNumClasses; ++c) {
     // allocated[c] = sum over its slabs of class c of popcount(alloc)
-    mismatch(absl::StrCat("allocated[", kClassSizes[c], " B]"), a.allocated[c], counts_[c].allocated);
+    mismatch(absl::StrCat("allocated[", kClassSizes[c], " B]"), a.allocated[c],
+             counts_[c].allocated);
     // durable[c] = sum of popcount(durable), durable subset of alloc
     mismatch(absl::StrCat("durable[", kClassSizes[c], " B]"), a.durable[c], counts_[c].durable);
     // handed_out[c] <= allocated[c]
     if (a.handed_out[c] > a.allocated[c]) {
-      problems->push_back(absl::StrCat("host ", slot_, " hands out ", a.handed_out[c], " blocks of ",
-                                       kClassSizes[c], " B but has only ", a.allocated[c], " allocated"));
+      problems->push_back(absl::StrCat("host ", slot_, " hands out ", a.handed_out[c],
+                                       " blocks of ", kClassSizes[c], " B but has only ",
+                                       a.allocated[c], " allocated"));
     }
   }
   mismatch("pages_allocated", a.pages_allocated, pages_allocated_);
@@ -998,7 +1033,8 @@ void ArenaState::Audit(std::vector<std::string>* problems) const {
   if (a.owner_epoch == 0) {
     // An unowned arena holds durable blocks only: alloc == durable.
     uint64_t private_blocks = 0;
-    for (uint32_t c = 0; c < kNumClasses; ++c) private_blocks += counts_[c].allocated - counts_[c].durable;
+    for (uint32_t c = 0; c < kNumClasses; ++c)
+      private_blocks += counts_[c].allocated - counts_[c].durable;
     private_blocks += pages_allocated_ - pages_durable_;
     for (const auto& s : segs_) {
       if (s && s->state == SegmentState::kHugeHead && !s->huge_durable) ++private_blocks;
@@ -1044,7 +1080,9 @@ allocator::HostStats ArenaState::Stats() const {
   st.rejected_frees = rejected_frees_;
   for (const auto& s : segs_) {
     if (!s) continue;
-    st.segments += s->state == SegmentState::kHugeHead ? s->run_length : (s->state == SegmentState::kHugeTail ? 0 : 1);
+    st.segments += s->state == SegmentState::kHugeHead
+                       ? s->run_length
+                       : (s->state == SegmentState::kHugeTail ? 0 : 1);
   }
   for (uint32_t c = 0; c < kNumClasses; ++c) {
     st.classes[c] = counts_[c];

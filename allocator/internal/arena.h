@@ -59,9 +59,13 @@ class HeapMeta {
   const runtime::Pool& pool() const { return pool_; }
   uint32_t slots() const { return h_.host_slots; }
 
-  PoolOffset SegOffset(uint32_t i) const { return h_.first_segment + uint64_t{i} * h_.segment_size; }
+  PoolOffset SegOffset(uint32_t i) const {
+    return h_.first_segment + uint64_t{i} * h_.segment_size;
+  }
   PoolOffset EntryOffset(uint32_t i) const { return h_.segment_table + uint64_t{i} * 64; }
-  PoolOffset ArenaOffset(uint32_t s) const { return h_.arenas + uint64_t{s} * allocator::kArenaSize; }
+  PoolOffset ArenaOffset(uint32_t s) const {
+    return h_.arenas + uint64_t{s} * allocator::kArenaSize;
+  }
   PoolOffset HeadOffset(uint32_t p, uint32_t o) const {
     return h_.ring_heads + uint64_t{p} * h_.row_stride + uint64_t{o} * 8;
   }

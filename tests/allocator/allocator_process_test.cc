@@ -60,7 +60,9 @@ absl::StatusOr<Host> Attach(const std::string& uri, std::optional<uint32_t> slot
   return h;
 }
 
-uint8_t PatternByte(PoolOffset off, uint64_t i) { return static_cast<uint8_t>((off >> 6) * 7 + i * 13); }
+uint8_t PatternByte(PoolOffset off, uint64_t i) {
+  return static_cast<uint8_t>((off >> 6) * 7 + i * 13);
+}
 
 void Fill(Pool& pool, PoolOffset off, uint64_t n) {
   std::vector<uint8_t> b(n);
@@ -162,7 +164,8 @@ TEST_P(AllocatorProcessTest, HostsPassBlocksAndFreeThemRemotely) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Domains, AllocatorProcessTest,
-                         ::testing::Values(CoherenceDomain::kHardware, CoherenceDomain::kSimulated));
+                         ::testing::Values(CoherenceDomain::kHardware,
+                                           CoherenceDomain::kSimulated));
 
 // --- Crashes at every step. ---
 
@@ -246,20 +249,20 @@ TEST_P(CrashTest, AHostKilledAtThisStepLosesNothingForTheOthers) {
 
 INSTANTIATE_TEST_SUITE_P(
     Points, CrashTest,
-    ::testing::Values(
-        CrashCase{"alloc.claim.after_entry",
-                  [](Host& h, PoolOffset) { (void)h.alloc->Allocate(200000); }},
-        CrashCase{"alloc.huge.after_tails",
-                  [](Host& h, PoolOffset) { (void)h.alloc->Allocate(5 << 20); }},
-        CrashCase{"alloc.allocate.done", [](Host& h, PoolOffset) { (void)h.alloc->Allocate(64); }},
-        CrashCase{"alloc.free.after_bitmap",
-                  [](Host& h, PoolOffset) {
-                    std::vector<PoolOffset> v;
-                    for (int k = 0; k < 300; ++k) v.push_back(*h.alloc->Allocate(64));
-                    for (PoolOffset o : v) (void)h.alloc->Free(o);
-                  }},
-        CrashCase{"alloc.remote_free.after_entry",
-                  [](Host& h, PoolOffset theirs) { (void)h.alloc->Free(theirs); }}),
+    ::testing::Values(CrashCase{"alloc.claim.after_entry",
+                                [](Host& h, PoolOffset) { (void)h.alloc->Allocate(200000); }},
+                      CrashCase{"alloc.huge.after_tails",
+                                [](Host& h, PoolOffset) { (void)h.alloc->Allocate(5 << 20); }},
+                      CrashCase{"alloc.allocate.done",
+                                [](Host& h, PoolOffset) { (void)h.alloc->Allocate(64); }},
+                      CrashCase{"alloc.free.after_bitmap",
+                                [](Host& h, PoolOffset) {
+                                  std::vector<PoolOffset> v;
+                                  for (int k = 0; k < 300; ++k) v.push_back(*h.alloc->Allocate(64));
+                                  for (PoolOffset o : v) (void)h.alloc->Free(o);
+                                }},
+                      CrashCase{"alloc.remote_free.after_entry",
+                                [](Host& h, PoolOffset theirs) { (void)h.alloc->Free(theirs); }}),
     [](const auto& info) {
       std::string n = info.param.point;
       for (char& ch : n) {
@@ -338,7 +341,8 @@ int StressHost(const std::string& uri, int i, int hosts, const volatile int* sto
     return b->offset;
   };
   auto mine = box_of(i);
-  if (!mine.ok()) mine = h->alloc->AllocateNamed(absl::StrCat("stress/", i), kBoxEntries + kBoxCap * 32);
+  if (!mine.ok())
+    mine = h->alloc->AllocateNamed(absl::StrCat("stress/", i), kBoxEntries + kBoxCap * 32);
   if (!mine.ok()) {
     fprintf(stderr, "stress host %d: mailbox: %s\n", i, mine.status().ToString().c_str());
     return 31;
@@ -398,7 +402,8 @@ int StressHost(const std::string& uri, int i, int hosts, const volatile int* sto
         if (!Verify(*h->pool, rec[0], std::min<uint64_t>(rec[1], 256))) {
           // The sender may have died and been recovered after the check.
           auto again = h->pool->ReadHost(static_cast<uint32_t>(prev * 2));
-          if (again.ok() && again->state == runtime::SlotState::kAttached && again->epoch == rec[2]) {
+          if (again.ok() && again->state == runtime::SlotState::kAttached &&
+              again->epoch == rec[2]) {
             return 36;
           }
           continue;

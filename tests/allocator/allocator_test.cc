@@ -70,8 +70,8 @@ bool Check(Pool& pool, PoolOffset off, uint64_t n) {
 class AllocatorTest : public ::testing::TestWithParam<CoherenceDomain> {
  protected:
   void SetUp() override {
-    create_ = PoolUri(dir_, absl::StrCat("coherence=", runtime::CoherenceDomainName(GetParam())),
-                      "64M");
+    create_ =
+        PoolUri(dir_, absl::StrCat("coherence=", runtime::CoherenceDomainName(GetParam())), "64M");
     a_ = OpenHost(create_, true);
     ASSERT_NE(a_.alloc, nullptr);
   }
@@ -323,7 +323,8 @@ TEST_P(AllocatorTest, ClosingReclaimsPrivateBlocksAndKeepsDurableOnes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Domains, AllocatorTest,
-                         ::testing::Values(CoherenceDomain::kHardware, CoherenceDomain::kSimulated));
+                         ::testing::Values(CoherenceDomain::kHardware,
+                                           CoherenceDomain::kSimulated));
 
 TEST(PoolPtrTest, ResolvesInTheMappingAndChecksRawPointers) {
   TempDir dir;

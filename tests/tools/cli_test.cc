@@ -7,9 +7,9 @@
 #include <set>
 #include <string>
 
+#include "allocator/allocator.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "allocator/allocator.h"
 #include "runtime/membership.h"
 #include "runtime/pool.h"
 #include "tests/testing/cli_util.h"
