@@ -20,6 +20,9 @@ namespace {
 
 const LockRunner kHeld = [](const std::function<absl::Status()>& fn) { return fn(); };
 
+// Remote frees queued for one owner before they are pushed into its ring.
+constexpr size_t kPushBatch = 16;
+
 }  // namespace
 
 Allocator::Allocator(runtime::Pool& pool, runtime::Membership& membership,
@@ -240,8 +243,10 @@ absl::Status Allocator::RemoteFree(PoolOffset off, bool allow_named) {
   c.Fetch(&owner_epoch, meta.ArenaOffset(owner) + offsetof(ArenaLayout, owner_epoch), 8);
   const RingEntryLayout entry = {off | (durable ? kRingEntryDurable : 0), owner_epoch};
   if (owner_epoch == 0) return FreeInUnownedArena(owner, {entry});
+  // Frees travel in batches (one flush and one head store for many); the
+  // tick pushes a partial batch within a tick period.
   pending_[owner].push_back(entry);
-  PushPending(owner);
+  if (pending_[owner].size() >= kPushBatch) PushPending(owner);
   return absl::OkStatus();
 }
 
@@ -303,12 +308,23 @@ void Allocator::PushPending(uint32_t owner) {
     return;
   }
   const uint64_t n = std::min<uint64_t>(cap - (head - tail), q.size());
-  for (uint64_t k = 0; k < n; ++k) {
-    c.Write(meta.RingOffset(slot_, owner) + ((head + k) % cap) * sizeof(RingEntryLayout), &q[k],
-            sizeof(RingEntryLayout));
-  }
   if (n == 0) return;
-  c.Flush(meta.RingOffset(slot_, owner), uint64_t{cap} * sizeof(RingEntryLayout));
+  // Entries in at most two contiguous pieces (the ring wraps), each written
+  // and flushed once; then the head.
+  const PoolOffset ring = meta.RingOffset(slot_, owner);
+  for (uint64_t done = 0; done < n;) {
+    const uint64_t at = (head + done) % cap;
+    const uint64_t run = std::min(n - done, cap - at);
+    RingEntryLayout batch[64];
+    for (uint64_t k = 0; k < run;) {
+      const uint64_t m = std::min<uint64_t>(64, run - k);
+      for (uint64_t j = 0; j < m; ++j) batch[j] = q[done + k + j];
+      c.Write(ring + (at + k) * sizeof(RingEntryLayout), batch, m * sizeof(RingEntryLayout));
+      k += m;
+    }
+    c.Flush(ring + at * sizeof(RingEntryLayout), run * sizeof(RingEntryLayout));
+    done += run;
+  }
   CXLRT_FAULT_POINT("alloc.remote_free.after_entry");
   head += n;
   c.StoreFlag(meta.HeadOffset(slot_, owner), head);

@@ -137,7 +137,7 @@ class Allocator {
   }
 
   // Frees the block at `offset`, this host's or another's (then through the
-  // ring to its owner). kInvalidArgument: outside the heap or not at a block
+  // ring to its owner, in batches of 16 or at the next tick). kInvalidArgument: outside the heap or not at a block
   // start; kFailedPrecondition: not allocated (double free), or a named
   // block (use FreeNamed). A double free of a block that its owner holds in
   // its cache is caught by the owner, logged and counted in its stats.

@@ -36,11 +36,13 @@ absl::Status Corrupt(const runtime::Pool& pool, absl::string_view what) {
 
 uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
-// Blocks a refill takes at once: about 64 KiB worth, 1..64 blocks.
+// Blocks a refill takes at once: about 64 KiB worth, 4..64 blocks (large
+// classes still take several, so a host that allocates while others free
+// its blocks does not pay a refill per block).
 constexpr std::array<uint32_t, kNumClasses> kBatch = [] {
   std::array<uint32_t, kNumClasses> b{};
   for (uint32_t c = 0; c < kNumClasses; ++c) {
-    b[c] = static_cast<uint32_t>(std::clamp<uint64_t>((64 << 10) / kClassSizes[c], 1, 64));
+    b[c] = static_cast<uint32_t>(std::clamp<uint64_t>((64 << 10) / kClassSizes[c], 4, 64));
   }
   return b;
 }();
@@ -178,13 +180,6 @@ absl::StatusOr<AllocatorHeaderLayout> ReadAllocatorHeader(const runtime::Pool& p
 
 uint64_t HeapMeta::RingRowBytes() const {
   return RoundUp(uint64_t{h_.host_slots} * h_.ring_capacity * sizeof(RingEntryLayout), 128);
-}
-
-std::optional<uint32_t> HeapMeta::SegmentOf(PoolOffset off) const {
-  const PoolOffset data = SegOffset(h_.meta_segments);
-  const PoolOffset end = SegOffset(h_.segment_count);
-  if (off < data || off >= end) return std::nullopt;
-  return static_cast<uint32_t>((off - h_.first_segment) / h_.segment_size);
 }
 
 absl::StatusOr<SegmentEntryLayout> HeapMeta::ReadEntry(uint32_t i) const {

@@ -52,7 +52,11 @@ absl::StatusOr<AllocatorHeaderLayout> PlanLayout(const runtime::Pool& pool);
 
 class HeapMeta {
  public:
-  HeapMeta(const runtime::Pool& pool, const AllocatorHeaderLayout& h) : pool_(pool), h_(h) {}
+  HeapMeta(const runtime::Pool& pool, const AllocatorHeaderLayout& h)
+      : pool_(pool),
+        h_(h),
+        data_begin_(SegOffset(h.meta_segments)),
+        data_end_(SegOffset(h.segment_count)) {}
 
   const AllocatorHeaderLayout& header() const { return h_; }
   runtime::Coherence& c() const { return pool_.coherence(); }
@@ -79,7 +83,11 @@ class HeapMeta {
   }
   // The data segment holding `off`, or nullopt outside [first data
   // segment, end of heap).
-  std::optional<uint32_t> SegmentOf(PoolOffset off) const;
+  std::optional<uint32_t> SegmentOf(PoolOffset off) const {
+    if (off < data_begin_ || off >= data_end_) return std::nullopt;
+    static_assert(allocator::kSegmentSize == uint64_t{1} << 21);
+    return static_cast<uint32_t>((off - h_.first_segment) >> 21);
+  }
 
   // Entry i, checksum-verified (torn reads retried). kDataLoss when corrupt.
   absl::StatusOr<SegmentEntryLayout> ReadEntry(uint32_t i) const;
@@ -94,6 +102,7 @@ class HeapMeta {
  private:
   const runtime::Pool& pool_;
   const AllocatorHeaderLayout h_;
+  const PoolOffset data_begin_, data_end_;  // the data segments
 };
 
 // Runs `fn` holding the pool lock (or directly, when the caller already

@@ -212,6 +212,7 @@ TEST_P(AllocatorTest, NamedBlocksAreFoundByOtherHostsAndFreedOnlyByName) {
   // Another host frees it by name: the block goes back to its owner.
   CXLRT_ASSERT_OK(b.alloc->FreeNamed("comm/job7/slots"));
   CXLRT_EXPECT_ERROR(b.alloc->Find("comm/job7/slots"), absl::StatusCode::kNotFound, "no region");
+  CXLRT_ASSERT_OK(b.alloc->Tick());  // pushes the queued remote free
   CXLRT_ASSERT_OK(a_.alloc->Tick());
   EXPECT_EQ(a_.alloc->LocalStats().durable_bytes, 0u);
   ExpectAuditClean(*a_.pool);
@@ -245,8 +246,10 @@ TEST_P(AllocatorTest, AnotherHostsFreeTravelsThroughTheRingToTheOwner) {
   auto off = a_.alloc->Allocate(256);
   ASSERT_TRUE(off.ok());
   CXLRT_ASSERT_OK(b.alloc->Free(*off));
+  CXLRT_ASSERT_OK(b.alloc->Tick());
   CXLRT_ASSERT_OK(a_.alloc->Tick());
   CXLRT_ASSERT_OK(b.alloc->Free(*off));
+  CXLRT_ASSERT_OK(b.alloc->Tick());
   CXLRT_ASSERT_OK(a_.alloc->Tick());
   EXPECT_EQ(a_.alloc->LocalStats().rejected_frees, 1u);
   ExpectAuditClean(*a_.pool);
