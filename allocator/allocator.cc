@@ -119,13 +119,10 @@ Allocator::~Allocator() {
   }
 }
 
-absl::Status Allocator::CheckUsable() {
+absl::Status Allocator::Unusable() {
   if (closed_) return absl::FailedPreconditionError("the allocator is closed");
-  if (membership_.fenced()) {
-    return absl::AbortedError(absl::StrCat("host ", slot_, " was fenced from ", pool_.name(),
-                                           ": its allocator may not write the pool"));
-  }
-  return absl::OkStatus();
+  return absl::AbortedError(absl::StrCat("host ", slot_, " was fenced from ", pool_.name(),
+                                         ": its allocator may not write the pool"));
 }
 
 absl::StatusOr<PoolOffset> Allocator::Allocate(uint64_t size, const AllocOptions& options) {
@@ -145,6 +142,9 @@ absl::StatusOr<PoolOffset> Allocator::Allocate(uint64_t size, const AllocOptions
   }
   std::lock_guard<std::mutex> lock(mu_);
   CXLRT_RETURN_IF_ERROR(CheckUsable());
+  if (!options.durable && alignment == 64 && size <= kMaxSmallSize) {
+    if (PoolOffset off = arena_->TryAllocCached(PlainClassFor(size))) return off;
+  }
   auto off = arena_->Allocate(size, alignment, options.durable, pool_lock_);
   if (off.ok() || off.status().code() != absl::StatusCode::kResourceExhausted) return off;
   // Full: take back what other hosts freed, then try once more.
@@ -155,6 +155,7 @@ absl::StatusOr<PoolOffset> Allocator::Allocate(uint64_t size, const AllocOptions
 absl::Status Allocator::Free(PoolOffset offset) {
   std::lock_guard<std::mutex> lock(mu_);
   CXLRT_RETURN_IF_ERROR(CheckUsable());
+  if (arena_->TryFreeCached(offset)) return absl::OkStatus();
   return FreeLocked(offset, /*allow_named=*/false);
 }
 

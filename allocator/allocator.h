@@ -182,7 +182,11 @@ class Allocator {
  private:
   Allocator(runtime::Pool& pool, runtime::Membership& membership, const AllocatorOptions& options);
   absl::Status Init();
-  absl::Status CheckUsable();
+  absl::Status CheckUsable() {
+    if (closed_ || membership_.fenced()) return Unusable();
+    return absl::OkStatus();
+  }
+  absl::Status Unusable();
   absl::Status FreeLocked(PoolOffset offset, bool allow_named);
   absl::Status RemoteFree(PoolOffset offset, bool allow_named);
   // Frees `entries` in `owner`'s arena, which no host owns, under the pool lock.

@@ -5,6 +5,7 @@
 // Thread-safe (constant tables).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 
@@ -22,6 +23,25 @@ constexpr uint32_t SlabBlocks(uint32_t c) {
   return static_cast<uint32_t>((kSegmentSize - kSegmentHeaderSize) / kClassSizes[c]);
 }
 static_assert(SlabBlocks(0) <= kMaxBitmapWords * 64);
+
+namespace size_classes_internal {
+// Class of every size in 64 B steps (index: (size + 63) / 64).
+inline constexpr std::array<uint8_t, kMaxSmallSize / 64 + 1> kClassOf64 = [] {
+  std::array<uint8_t, kMaxSmallSize / 64 + 1> t{};
+  uint32_t c = 0;
+  for (uint64_t i = 0; i < t.size(); ++i) {
+    while (kClassSizes[c] < i * 64) ++c;
+    t[i] = static_cast<uint8_t>(c);
+  }
+  return t;
+}();
+}  // namespace size_classes_internal
+
+// The class of `size` bytes with the default alignment (64 B).
+// REQUIRES: 0 < size <= kMaxSmallSize.
+inline uint32_t PlainClassFor(uint64_t size) {
+  return size_classes_internal::kClassOf64[(size + 63) / 64];
+}
 
 // The class of a block of `size` bytes aligned to `alignment` (a power of
 // two >= 64), or nullopt when a slab cannot serve it.

@@ -118,6 +118,9 @@ std::vector<double> InHosts(int count, const std::function<double(int)>& body) {
 // blocks per second end to end, measured by host 1.
 double CrossHostFrees(const std::string& uri, uint64_t size, uint64_t n, int run) {
   const std::string name = absl::StrCat("bench/handoff/", size, "/", run);
+  // The handoff block is not zeroed when allocated: the consumer starts
+  // only once the producer has reset it and stamped this run's token.
+  const uint64_t token = static_cast<uint64_t>(NowNs()) | 1;
   constexpr uint64_t kBatch = 64;
   // Blocks in flight: at most 4096, and at most 128 MiB of them.
   const uint64_t kCap = std::clamp<uint64_t>((128ull << 20) / size, kBatch, 4096);
@@ -142,8 +145,12 @@ double CrossHostFrees(const std::string& uri, uint64_t size, uint64_t n, int run
       }
     }
     if (!ring.ok()) return 0;
-    const PoolOffset head_at = *ring, tail_at = *ring + 128, entries = *ring + 256;
+    const PoolOffset head_at = *ring, tail_at = *ring + 128, token_at = *ring + 192,
+                     entries = *ring + 256;
     if (i == 0) {
+      c.StoreFlag(head_at, 0);
+      c.StoreFlag(tail_at, 0);
+      c.StoreFlag(token_at, token);
       struct Unname {
         Allocator& a;
         const std::string& name;
@@ -170,6 +177,9 @@ double CrossHostFrees(const std::string& uri, uint64_t size, uint64_t n, int run
       // Stay until the consumer is done (its frees come to our rings).
       while (c.LoadFlag(tail_at) < n && NowNs() < give_up) usleep(100);
       return 1;
+    }
+    while (c.LoadFlag(token_at) != token) {
+      if (NowNs() > give_up) return 0;
     }
     int64_t t0 = 0;
     uint64_t head = 0;

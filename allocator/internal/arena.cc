@@ -596,6 +596,39 @@ absl::StatusOr<PoolOffset> ArenaState::AllocSmall(uint32_t cls, bool durable,
   return off;
 }
 
+PoolOffset ArenaState::TryAllocCached(uint32_t cls) {
+  auto& cache = cache_[cls];
+  if (cache.empty()) return 0;
+  const PoolOffset off = cache.back();
+  cache.pop_back();
+  const uint32_t i = *meta_.SegmentOf(off);
+  Segment& s = *segs_[i];
+  SetBit(s.handed, static_cast<uint32_t>(
+                       BlockIndex(off - meta_.SegOffset(i) - kSegmentHeaderSize, cls)));
+  ++counts_[cls].handed_out;
+  CXLRT_FAULT_POINT("alloc.allocate.done");
+  return off;
+}
+
+bool ArenaState::TryFreeCached(PoolOffset off) {
+  const auto i = meta_.SegmentOf(off);
+  if (!i) return false;
+  Segment* s = segs_[*i].get();
+  if (!s || s->state != SegmentState::kSlab || !s->valid) return false;
+  const uint64_t rel = off - meta_.SegOffset(*i);
+  if (rel < kSegmentHeaderSize) return false;
+  const uint64_t b = BlockIndex(rel - kSegmentHeaderSize, s->cls);
+  if (b * s->block_size != rel - kSegmentHeaderSize || b >= s->blocks) return false;
+  const uint32_t bit = static_cast<uint32_t>(b);
+  if (!TestBit(s->handed, bit) || TestBit(s->durable, bit)) return false;
+  auto& cache = cache_[s->cls];
+  if (cache.size() >= 2 * BatchFor(s->cls)) return false;
+  ClearBit(s->handed, bit);
+  --counts_[s->cls].handed_out;
+  cache.push_back(off);
+  return true;
+}
+
 absl::StatusOr<PoolOffset> ArenaState::AllocPages(uint32_t pages, bool durable,
                                                   const LockRunner& lock) {
   const uint64_t want_mask = pages >= 64 ? ~uint64_t{0} : (uint64_t{1} << pages) - 1;

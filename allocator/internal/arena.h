@@ -138,6 +138,12 @@ class ArenaState {
 
   absl::StatusOr<PoolOffset> Allocate(uint64_t size, uint64_t alignment, bool durable,
                                       const LockRunner& lock);
+  // The common cases, with nothing written to the pool: a private block of
+  // class `cls` from the cache (0 when the cache is empty), and a free of
+  // a private small block of this arena into a cache with room (false when
+  // the full path must run; nothing changed then).
+  PoolOffset TryAllocCached(uint32_t cls);
+  bool TryFreeCached(PoolOffset off);
   // Frees a block of this arena. `allow_named` false: a durable block that
   // is published by name is refused. kInvalidArgument / kFailedPrecondition
   // as Allocator::Free.
