@@ -99,12 +99,17 @@ absl::Status Allocator::Init() {
     return absl::OkStatus();
   }));
   arena_ = std::move(arena);
-  arena_->set_refill_hook([this] { (void)DrainRings(); });  // runs under mu_
+  arena_->set_refill_hook([this] {  // runs under mu_
+    if (arena_->DrainRings(&my_tails_, pool_lock_, /*active_only=*/true) > 0) {
+      arena_->PublishCounters();
+    }
+  });
   my_heads_.resize(meta.slots());
   for (uint32_t o = 0; o < meta.slots(); ++o) {
     my_heads_[o] = pool_.coherence().LoadFlag(meta.HeadOffset(slot_, o));
   }
   pending_.resize(meta.slots());
+  seen_.resize(header_.segment_count);
   my_tails_.resize(meta.slots());
   for (uint32_t p = 0; p < meta.slots(); ++p) {
     my_tails_[p] = pool_.coherence().LoadFlag(meta.TailOffset(slot_, p));
@@ -174,7 +179,21 @@ absl::Status Allocator::RemoteFree(PoolOffset off, bool allow_named) {
                      absl::Hex(meta.SegOffset(header_.meta_segments)), ", 0x",
                      absl::Hex(meta.SegOffset(header_.segment_count)), ")"));
   }
-  CXLRT_ASSIGN_OR_RETURN(SegmentEntryLayout e, meta.ReadEntry(*index));
+  // The segment's entry: a 32-byte prefix read is enough when it equals the
+  // one last read whole and checksummed (every change bumps the generation);
+  // otherwise the whole entry is read and verified.
+  SegmentEntryLayout e;
+  constexpr size_t kPrefix = offsetof(SegmentEntryLayout, block_size);
+  static_assert(kPrefix == 32);
+  SeenEntry& seen = seen_[*index];
+  uint8_t prefix[kPrefix];
+  c.Fetch(prefix, meta.EntryOffset(*index), kPrefix);
+  if (seen.valid && std::memcmp(prefix, &seen.entry, kPrefix) == 0) {
+    e = seen.entry;
+  } else {
+    CXLRT_ASSIGN_OR_RETURN(e, meta.ReadEntry(*index));
+    seen = {e, true};
+  }
   const PoolOffset base = meta.SegOffset(*index);
   const auto state = static_cast<SegmentState>(e.state);
   bool durable = false;

@@ -212,6 +212,12 @@ class Allocator {
   std::vector<uint64_t> my_tails_;                         // guarded by mu_: tail of ring (p, me)
   std::vector<std::deque<RingEntryLayout>> pending_;  // guarded by mu_: frees queued for owner o
   bool closed_ = false;                               // guarded by mu_
+  // Segment entries last read whole and verified, for remote frees.
+  struct SeenEntry {
+    SegmentEntryLayout entry;
+    bool valid = false;
+  };
+  std::vector<SeenEntry> seen_;  // guarded by mu_
 
   std::mutex tick_mu_;
   std::condition_variable tick_cv_;

@@ -990,13 +990,21 @@ absl::Status ArenaState::ReclaimPrivate() {
   return absl::OkStatus();
 }
 
-uint64_t ArenaState::DrainRings(std::vector<uint64_t>* tails, const LockRunner& lock) {
+uint64_t ArenaState::DrainRings(std::vector<uint64_t>* tails, const LockRunner& lock,
+                                bool active_only) {
   const uint32_t cap = meta_.header().ring_capacity;
   uint64_t applied = 0;
+  if (active_.size() != meta_.slots()) active_.assign(meta_.slots(), 0);
   for (uint32_t p = 0; p < meta_.slots(); ++p) {
+    // A refill looks only at hosts that sent frees lately; ticks look at all.
+    if (active_only && !active_[p]) continue;
     const uint64_t head = meta_.c().LoadFlag(meta_.HeadOffset(p, slot_));
     uint64_t& tail = (*tails)[p];
-    if (head == tail) continue;
+    if (head == tail) {
+      if (active_[p] > 0) --active_[p];
+      continue;
+    }
+    active_[p] = 64;  // sweeps with nothing from p before it is skipped again
     if (head < tail || head - tail > cap) {
       CXLRT_LOG(kError) << "free ring from host " << p << " to host " << slot_ << " of "
                         << meta_.pool().name() << " is corrupt (head " << head << ", tail " << tail
@@ -1015,6 +1023,10 @@ uint64_t ArenaState::DrainRings(std::vector<uint64_t>* tails, const LockRunner& 
           CXLRT_LOG(kInfo) << "host " << p << "'s free of 0x" << std::hex << off << std::dec
                            << " was meant for epoch " << entry.owner_epoch << " of host " << slot_
                            << ", not " << owner_epoch_ << ": dropped";
+          continue;
+        }
+        if (TryFreeCached(off)) {
+          ++applied;
           continue;
         }
         absl::Status st = Free(off, /*allow_named=*/false, lock);

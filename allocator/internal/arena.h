@@ -132,7 +132,10 @@ class ArenaState {
   // Applies the frees queued in every ring to this arena and consumes them
   // (`tails`: this arena's consumer tails, one per producer, updated).
   // Returns how many were applied; refused ones are counted and logged.
-  uint64_t DrainRings(std::vector<uint64_t>* tails, const LockRunner& lock);
+  // `active_only`: only producers that sent frees lately (a refill's cheap
+  // look); otherwise every producer.
+  uint64_t DrainRings(std::vector<uint64_t>* tails, const LockRunner& lock,
+                      bool active_only = false);
   // Returns cached blocks to the slabs.
   void FlushCache();
 
@@ -205,6 +208,7 @@ class ArenaState {
   uint64_t page_bytes_ = 0;
   ArenaLayout published_{};
   std::function<void()> refill_hook_;
+  std::vector<uint8_t> active_;  // per producer: sweeps left before it is skipped
   std::vector<std::string> load_problems_;
 };
 
