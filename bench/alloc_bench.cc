@@ -212,35 +212,15 @@ std::string Mops(double r) { return r > 0 ? absl::StrFormat("%.2f", r / 1e6) : "
 }  // namespace
 
 int RunAllocBench(const AllocBenchOptions& o) {
-  const std::string uri_text =
-      o.uri.empty() ? absl::StrCat("emu://bench-alloc-", getpid(), "?size=1G") : o.uri;
-  auto parsed = runtime::ParsePoolUri(uri_text);
-  if (!parsed.ok()) {
-    std::fprintf(stderr, "cxlrt bench alloc: %s\n", std::string(parsed.status().message()).c_str());
+  auto scratch = ScratchPool::Create(
+      o.uri.empty() ? absl::StrCat("emu://bench-alloc-", getpid(), "?size=1G") : o.uri, 1ull << 30);
+  if (!scratch.ok()) {
+    std::fprintf(stderr, "cxlrt bench alloc: %s\n",
+                 std::string(scratch.status().message()).c_str());
     return 1;
   }
-  runtime::PoolUri uri = *parsed;
-  if (!uri.size) uri.size = 1ull << 30;
-  {
-    auto created = runtime::Pool::Create(uri.ToString());
-    if (!created.ok()) {
-      std::fprintf(stderr, "cxlrt bench alloc: %s (the benchmark makes its own pool)\n",
-                   std::string(created.status().message()).c_str());
-      return 1;
-    }
-  }
-  runtime::PoolUri open = uri;
-  open.size.reset();
-  open.hosts.reset();
-  open.devices.reset();
-  open.mode.reset();
-  open.node.reset();
-  open.coherence.reset();
-  const std::string open_uri = open.ToString();
-  struct Destroy {
-    std::string uri;
-    ~Destroy() { (void)runtime::Pool::Destroy(uri, {.force = true}); }
-  } destroy{open_uri};
+  const runtime::PoolUri& uri = (*scratch)->uri();
+  const std::string& open_uri = (*scratch)->open_uri();
 
   const Summary memcpy_bw = MeasureMemcpy(64 << 20, 5);
   std::vector<Row> rows;

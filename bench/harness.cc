@@ -4,6 +4,7 @@
 #include <cstring>
 #include <memory>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "runtime/coherence.h"
 
@@ -48,6 +49,31 @@ std::string FormatNs(double ns) {
   if (ns >= 10000) return absl::StrFormat("%.1f us", ns / 1000);
   if (ns >= 1000) return absl::StrFormat("%.2f us", ns / 1000);
   return absl::StrFormat("%.0f ns", ns);
+}
+
+ScratchPool::ScratchPool(runtime::PoolUri uri, std::unique_ptr<runtime::Pool> pool)
+    : uri_(std::move(uri)), open_uri_(uri_.ForOpeners()), pool_(std::move(pool)) {}
+
+ScratchPool::~ScratchPool() {
+  pool_.reset();
+  (void)runtime::Pool::Destroy(open_uri_, {.force = true});
+}
+
+absl::StatusOr<std::unique_ptr<ScratchPool>> ScratchPool::Create(const std::string& text,
+                                                                 uint64_t default_size) {
+  auto uri = runtime::ParsePoolUri(text);
+  if (!uri.ok()) return uri.status();
+  if (!uri->size) uri->size = default_size;
+  auto pool = runtime::Pool::Create(uri->ToString());
+  if (!pool.ok()) {
+    if (pool.status().code() == absl::StatusCode::kAlreadyExists) {
+      return absl::AlreadyExistsError(
+          absl::StrCat(pool.status().message(),
+                       " (the benchmark makes its own pool: name one that does not exist)"));
+    }
+    return pool.status();
+  }
+  return std::unique_ptr<ScratchPool>(new ScratchPool(*uri, std::move(*pool)));
 }
 
 }  // namespace cxlrt::bench

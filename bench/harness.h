@@ -7,8 +7,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "absl/status/statusor.h"
+#include "runtime/pool.h"
 
 namespace cxlrt::bench {
 
@@ -31,6 +35,26 @@ Summary MeasureMemcpy(size_t bytes = 64 << 20, int reps = 7);
 // "14.2 GB/s", "712 ns", "1.41 us".
 std::string FormatGbps(double gbps);
 std::string FormatNs(double ns);
+
+// A pool a benchmark makes for itself from `uri` (size= defaulted), so it
+// never writes into a pool in use; destroyed with the object.
+class ScratchPool {
+ public:
+  // kAlreadyExists (with a hint) when `uri` names an existing pool.
+  static absl::StatusOr<std::unique_ptr<ScratchPool>> Create(const std::string& uri,
+                                                             uint64_t default_size);
+  ~ScratchPool();
+  runtime::Pool& pool() { return *pool_; }
+  const runtime::PoolUri& uri() const { return uri_; }
+  // What the benchmark's other hosts open.
+  const std::string& open_uri() const { return open_uri_; }
+
+ private:
+  ScratchPool(runtime::PoolUri uri, std::unique_ptr<runtime::Pool> pool);
+  runtime::PoolUri uri_;
+  std::string open_uri_;
+  std::unique_ptr<runtime::Pool> pool_;
+};
 
 // Pre-faults [p, p+n) (page faults cost 11-16 us each in our VMs).
 void Prefault(void* p, size_t n);

@@ -133,39 +133,14 @@ void PrintTable(const std::string& uri, const std::string& model, const Summary&
 }  // namespace
 
 int RunPoolBench(const PoolBenchOptions& o) {
-  auto parsed = runtime::ParsePoolUri(o.uri);
-  if (!parsed.ok()) {
-    std::fprintf(stderr, "cxlrt bench pool: %s\n", std::string(parsed.status().message()).c_str());
+  auto scratch = ScratchPool::Create(o.uri, 256ull << 20);
+  if (!scratch.ok()) {
+    std::fprintf(stderr, "cxlrt bench pool: %s\n", std::string(scratch.status().message()).c_str());
     return 1;
   }
-  runtime::PoolUri uri = *parsed;
-  if (!uri.size) uri.size = 256ull << 20;
-  auto created = runtime::Pool::Create(uri.ToString());
-  if (!created.ok()) {
-    std::fprintf(stderr, "cxlrt bench pool: %s%s\n",
-                 std::string(created.status().message()).c_str(),
-                 created.status().code() == absl::StatusCode::kAlreadyExists
-                     ? " (the benchmark makes its own pool: name one that does not exist)"
-                     : "");
-    return 1;
-  }
-  std::unique_ptr<runtime::Pool> pool = std::move(*created);
-  runtime::PoolUri open = uri;
-  open.size.reset();
-  open.hosts.reset();
-  open.devices.reset();
-  open.mode.reset();
-  open.node.reset();
-  open.coherence.reset();
-  const std::string open_uri = open.ToString();
-  struct Destroy {
-    std::unique_ptr<runtime::Pool>& pool;
-    std::string uri;
-    ~Destroy() {
-      pool.reset();
-      (void)runtime::Pool::Destroy(uri, {.force = true});
-    }
-  } destroy{pool, open_uri};
+  runtime::Pool* pool = &(*scratch)->pool();
+  const runtime::PoolUri& uri = (*scratch)->uri();
+  const std::string& open_uri = (*scratch)->open_uri();
 
   Coherence& c = pool->coherence();
   const emulation::ModelParams model = emulation::ModelFromUri(uri);

@@ -108,17 +108,6 @@ std::string Describe(int code) {
   return absl::StrCat("exited with code ", code);
 }
 
-// The URI the ranks open: the launcher's, less what only creation takes.
-std::string RankUri(runtime::PoolUri uri) {
-  uri.size.reset();
-  uri.hosts.reset();
-  uri.devices.reset();
-  uri.mode.reset();
-  uri.node.reset();
-  uri.coherence.reset();
-  return uri.ToString();
-}
-
 }  // namespace
 
 RankPlacement PlaceRank(int r, int n, int h) {
@@ -155,7 +144,7 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& o) {
     if (!pool.ok()) return pool.status();
     slots = (*pool)->host_slots();
   }
-  const std::string rank_uri = RankUri(uri);
+  const std::string rank_uri = uri.ForOpeners();
   auto cleanup = [&] {
     if (created) (void)runtime::Pool::Destroy(rank_uri, {.force = true});
   };

@@ -219,6 +219,17 @@ std::string PoolUri::ToString() const {
   return out;
 }
 
+std::string PoolUri::ForOpeners() const {
+  PoolUri open = *this;
+  open.size.reset();
+  open.hosts.reset();
+  open.devices.reset();
+  open.mode.reset();
+  open.node.reset();
+  open.coherence.reset();
+  return open.ToString();
+}
+
 CoherenceDomain PoolUri::CoherenceOrDefault() const {
   if (coherence) return *coherence;
   return scheme == PoolScheme::kEmu ? CoherenceDomain::kHardware : CoherenceDomain::kSoftware;

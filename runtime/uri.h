@@ -44,6 +44,10 @@ struct PoolUri {
   std::string ToString() const;
   // The scheme and name only: what identifies the pool ("emu://demo").
   std::string Identity() const;
+  // The URI another opener of the same pool uses: this one without the
+  // parameters only creation takes (size, hosts, devices, mode, node,
+  // coherence); placement (dir) and the model stay.
+  std::string ForOpeners() const;
   // Domain in force at creation when the URI names none.
   CoherenceDomain CoherenceOrDefault() const;
 };
