@@ -100,7 +100,9 @@ absl::Status Allocator::Init() {
   }));
   arena_ = std::move(arena);
   arena_->set_refill_hook([this] {  // runs under mu_
-    if (arena_->DrainRings(&my_tails_, pool_lock_, /*active_only=*/true) > 0) {
+    // Hosts that sent frees lately on every refill, every host now and then.
+    const bool all = ++refills_ % 32 == 0;
+    if (arena_->DrainRings(&my_tails_, pool_lock_, /*active_only=*/!all) > 0) {
       arena_->PublishCounters();
     }
   });
@@ -316,10 +318,14 @@ void Allocator::PushPending(uint32_t owner) {
     }
     return;
   }
-  std::erase_if(q, [&](const RingEntryLayout& e) {
-    return !(e.offset & kRingEntryDurable) && e.owner_epoch != owner_epoch;
-  });
-  if (q.empty()) return;
+  // Entries are queued with the epoch seen at the time; only when the owner
+  // has changed since are stale private ones dropped (a rare, linear pass).
+  if (q.front().owner_epoch != owner_epoch || q.back().owner_epoch != owner_epoch) {
+    std::erase_if(q, [&](const RingEntryLayout& e) {
+      return !(e.offset & kRingEntryDurable) && e.owner_epoch != owner_epoch;
+    });
+    if (q.empty()) return;
+  }
   const uint64_t tail = c.LoadFlag(meta.TailOffset(owner, slot_));
   uint64_t& head = my_heads_[owner];
   if (head < tail || head - tail > cap) {

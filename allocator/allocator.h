@@ -137,10 +137,10 @@ class Allocator {
   }
 
   // Frees the block at `offset`, this host's or another's (then through the
-  // ring to its owner, in batches of 16 or at the next tick). kInvalidArgument: outside the heap or not at a block
-  // start; kFailedPrecondition: not allocated (double free), or a named
-  // block (use FreeNamed). A double free of a block that its owner holds in
-  // its cache is caught by the owner, logged and counted in its stats.
+  // ring to its owner, in batches of 16 or at the next tick). kInvalidArgument: outside the heap or
+  // not at a block start; kFailedPrecondition: not allocated (double free), or a named block (use
+  // FreeNamed). A double free of a block that its owner holds in its cache is caught by the owner,
+  // logged and counted in its stats.
   absl::Status Free(PoolOffset offset);
   template <typename T>
   absl::Status Free(PoolPtr<T> p) {
@@ -210,6 +210,7 @@ class Allocator {
   std::unique_ptr<allocator_internal::ArenaState> arena_;  // guarded by mu_
   std::vector<uint64_t> my_heads_;                         // guarded by mu_: head of ring (me, o)
   std::vector<uint64_t> my_tails_;                         // guarded by mu_: tail of ring (p, me)
+  uint64_t refills_ = 0;                                   // guarded by mu_
   std::vector<std::deque<RingEntryLayout>> pending_;  // guarded by mu_: frees queued for owner o
   bool closed_ = false;                               // guarded by mu_
   // Segment entries last read whole and verified, for remote frees.

@@ -603,8 +603,8 @@ PoolOffset ArenaState::TryAllocCached(uint32_t cls) {
   cache.pop_back();
   const uint32_t i = *meta_.SegmentOf(off);
   Segment& s = *segs_[i];
-  SetBit(s.handed, static_cast<uint32_t>(
-                       BlockIndex(off - meta_.SegOffset(i) - kSegmentHeaderSize, cls)));
+  SetBit(s.handed,
+         static_cast<uint32_t>(BlockIndex(off - meta_.SegOffset(i) - kSegmentHeaderSize, cls)));
   ++counts_[cls].handed_out;
   CXLRT_FAULT_POINT("alloc.allocate.done");
   return off;
@@ -994,7 +994,7 @@ uint64_t ArenaState::DrainRings(std::vector<uint64_t>* tails, const LockRunner& 
                                 bool active_only) {
   const uint32_t cap = meta_.header().ring_capacity;
   uint64_t applied = 0;
-  if (active_.size() != meta_.slots()) active_.assign(meta_.slots(), 0);
+  if (active_.size() != meta_.slots()) active_.assign(meta_.slots(), 64);  // all, at first
   for (uint32_t p = 0; p < meta_.slots(); ++p) {
     // A refill looks only at hosts that sent frees lately; ticks look at all.
     if (active_only && !active_[p]) continue;

@@ -263,9 +263,9 @@ INSTANTIATE_TEST_SUITE_P(
                                 }},
                       CrashCase{"alloc.remote_free.after_entry",
                                 [](Host& h, PoolOffset theirs) {
-                    (void)h.alloc->Free(theirs);
-                    (void)h.alloc->Tick();  // pushes the queued free
-                  }}),
+                                  (void)h.alloc->Free(theirs);
+                                  (void)h.alloc->Tick();  // pushes the queued free
+                                }}),
     [](const auto& info) {
       std::string n = info.param.point;
       for (char& ch : n) {

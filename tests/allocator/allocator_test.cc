@@ -279,6 +279,20 @@ TEST_P(AllocatorTest, ManyCrossHostFreesComeBackAndAreReused) {
   }
 }
 
+TEST_P(AllocatorTest, AnOwnerReclaimsRemoteFreesWithoutATick) {
+  // No tick anywhere: the owner's refills must find the frees on their own
+  // (a full sweep of the rings now and then), so its heap stays small.
+  Host b = Second();
+  ASSERT_NE(b.alloc, nullptr);
+  for (int i = 0; i < 200000; ++i) {
+    auto off = a_.alloc->Allocate(64);
+    ASSERT_TRUE(off.ok()) << i << ": " << off.status();
+    ASSERT_TRUE(b.alloc->Free(*off).ok());
+  }
+  EXPECT_LE(a_.alloc->LocalStats().segments, 2u)
+      << "200000 blocks of 64 B (12 MiB) freed remotely were not reused";
+}
+
 TEST_P(AllocatorTest, StatisticsArePublishedForToolsToRead) {
   for (int i = 0; i < 10; ++i) ASSERT_TRUE(a_.alloc->Allocate(64).ok());
   ASSERT_TRUE(a_.alloc->Allocate(1 << 20).ok());
