@@ -102,9 +102,7 @@ absl::Status Allocator::Init() {
   arena_->set_refill_hook([this] {  // runs under mu_
     // Hosts that sent frees lately on every refill, every host now and then.
     const bool all = ++refills_ % 32 == 0;
-    if (arena_->DrainRings(&my_tails_, pool_lock_, /*active_only=*/!all) > 0) {
-      arena_->PublishCounters();
-    }
+    arena_->DrainRings(&my_tails_, pool_lock_, /*active_only=*/!all);  // counters: next tick
   });
   my_heads_.resize(meta.slots());
   for (uint32_t o = 0; o < meta.slots(); ++o) {

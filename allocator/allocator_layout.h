@@ -124,8 +124,11 @@ struct ArenaLayout {
   uint64_t version;         // even: stable; odd: a batch is being written (seqlock)
   uint64_t owner_epoch;     // membership epoch of the owning host; 0: unowned
   uint64_t rejected_frees;  // remote frees the owner refused (double or bad)
-  uint64_t stats_time_ns;   // owner's clock when the handed-out counts were published
-  uint8_t pad0[32];
+  uint64_t stats_time_ns;   // owner's clock when the counters were published
+  // The version the counters below describe: they match the bitmaps when it
+  // equals `version` (an owner publishes them on its tick, not per batch).
+  uint64_t counters_version;
+  uint8_t pad0[24];
   uint64_t allocated[kNumClasses];   // alloc bits set in its slabs, per class
   uint64_t handed_out[kNumClasses];  // of those, given to callers (rest: cached)
   uint64_t durable[kNumClasses];

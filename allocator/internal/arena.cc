@@ -407,7 +407,15 @@ void ArenaState::BeginBatch() {
 
 void ArenaState::EndBatch() {
   if (--batch_depth_ > 0) return;
+  // The owner publishes its counters on its tick (PublishCounters), not on
+  // every batch; recovery and frees into unowned arenas publish each time.
+  if (use_cache_ && !publish_counters_) {
+    ++version_;
+    meta_.c().StoreFlag(meta_.ArenaOffset(slot_) + offsetof(ArenaLayout, version), version_);
+    return;
+  }
   ArenaLayout a = {};
+  a.counters_version = version_ + 1;
   a.owner_epoch = owner_epoch_;
   a.rejected_frees = rejected_frees_;
   a.stats_time_ns = static_cast<uint64_t>(runtime::NowNs());
@@ -430,8 +438,10 @@ void ArenaState::EndBatch() {
 }
 
 void ArenaState::PublishCounters() {
+  publish_counters_ = true;
   BeginBatch();
   EndBatch();
+  publish_counters_ = false;
 }
 
 absl::StatusOr<bool> ArenaState::IsNamed(PoolOffset off) const {
@@ -519,13 +529,15 @@ absl::Status ArenaState::ReleaseIfEmpty(Segment& s, const LockRunner& lock) {
   const bool empty = s.state == SegmentState::kPages ? s.alloc_count <= 1 : s.alloc_count == 0;
   if (!empty) return absl::OkStatus();
   if (use_cache_) {
-    // Keep one empty segment of each kind as a spare: claims take the lock.
-    if (s.state == SegmentState::kSlab && class_segs_[s.cls].size() <= 1) return absl::OkStatus();
-    if (s.state == SegmentState::kPages) {
-      int pages = 0;
-      for (const auto& o : segs_) pages += o && o->state == SegmentState::kPages;
-      if (pages <= 1) return absl::OkStatus();
+    // Keep up to two empty segments of a class (and of pages) as spares:
+    // claims and releases take the pool lock, and a host whose blocks come
+    // back from other hosts would otherwise claim and release in a loop.
+    int empty_of_kind = 0;
+    for (const auto& o : segs_) {
+      if (!o || o->state != s.state || (s.state == SegmentState::kSlab && o->cls != s.cls)) continue;
+      empty_of_kind += o->state == SegmentState::kPages ? o->alloc_count <= 1 : o->alloc_count == 0;
     }
+    if (empty_of_kind <= 2) return absl::OkStatus();
   }
   return lock([&] {
     ReleaseLocked(s);
@@ -640,11 +652,18 @@ absl::StatusOr<PoolOffset> ArenaState::AllocPages(uint32_t pages, bool durable,
   };
   Segment* seg = nullptr;
   int page = -1;
-  for (auto& s : segs_) {
-    if (s && s->state == SegmentState::kPages && s->valid && (page = find(*s)) >= 0) {
-      seg = s.get();
-      break;
+  auto look = [&] {
+    for (auto& s : segs_) {
+      if (s && s->state == SegmentState::kPages && s->valid && (page = find(*s)) >= 0) {
+        seg = s.get();
+        return;
+      }
     }
+  };
+  look();
+  if (!seg && refill_hook_) {  // take back remote frees before claiming more
+    refill_hook_();
+    look();
   }
   BeginBatch();
   if (!seg) {
@@ -682,6 +701,7 @@ absl::StatusOr<PoolOffset> ArenaState::AllocHuge(uint64_t size, uint64_t alignme
                      meta_.pool().name(), " has ", h.segment_count - h.meta_segments));
   }
   const uint32_t n = static_cast<uint32_t>(n64);
+  if (refill_hook_) refill_hook_();  // remote frees may give segments back
   PoolOffset result = 0;
   BeginBatch();
   absl::Status st = lock([&]() -> absl::Status {
@@ -1054,7 +1074,10 @@ void ArenaState::Audit(std::vector<std::string>* problems) const {
                                        " but its bitmaps hold ", counted));
     }
   };
-  for (uint32_t c = 0; c < kNumClasses; ++c) {
+  // Counters describe the bitmaps of the version they were published at;
+  // once the owner has changed its bitmaps since, they are not compared.
+  const bool current = a.counters_version == a.version;
+  for (uint32_t c = 0; current && c < kNumClasses; ++c) {
     // allocated[c] = sum over its slabs of class c of popcount(alloc)
     mismatch(absl::StrCat("allocated[", kClassSizes[c], " B]"), a.allocated[c],
              counts_[c].allocated);
@@ -1067,9 +1090,11 @@ void ArenaState::Audit(std::vector<std::string>* problems) const {
                                        a.allocated[c], " allocated"));
     }
   }
-  mismatch("pages_allocated", a.pages_allocated, pages_allocated_);
-  mismatch("pages_durable", a.pages_durable, pages_durable_);
-  mismatch("huge_segments", a.huge_segments, huge_segments_);
+  if (current) {
+    mismatch("pages_allocated", a.pages_allocated, pages_allocated_);
+    mismatch("pages_durable", a.pages_durable, pages_durable_);
+    mismatch("huge_segments", a.huge_segments, huge_segments_);
+  }
   if (a.owner_epoch == 0) {
     // An unowned arena holds durable blocks only: alloc == durable.
     uint64_t private_blocks = 0;
