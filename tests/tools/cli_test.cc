@@ -239,5 +239,22 @@ TEST(CliTest, BenchPoolPrintsEveryMetricBesideTheModelAndMemcpy) {
   EXPECT_NE(r.out.find("makes its own pool"), std::string::npos) << r.out;
 }
 
+TEST(CliTest, BenchAllocComparesWithGlibcAndMeasuresCrossHostFrees) {
+  TempDir dir;
+  const std::string uri = PoolUri(dir, "", "256M");
+  auto r = CxlrtStdout("bench alloc --json --reps 1 --sizes 64,300000 --pool " + Quote(uri));
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_GT(j["memcpy_gbps"].get<double>(), 0);
+  ASSERT_EQ(j["results"].size(), 2u);
+  for (const auto& row : j["results"]) {
+    EXPECT_GT(row["glibc_pairs_per_s"].get<double>(), 0) << row;
+    EXPECT_GT(row["cxlrt_local_pairs_per_s"].get<double>(), 0) << row;
+    EXPECT_GT(row["cxlrt_two_hosts_pairs_per_s"].get<double>(), 0) << row;
+    EXPECT_GT(row["cxlrt_cross_host_frees_per_s"].get<double>(), 0) << row;
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "the benchmark left its pool behind";
+}
+
 }  // namespace
 }  // namespace cxlrt::tools
