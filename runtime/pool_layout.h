@@ -56,7 +56,7 @@ struct PoolHeaderLayout {
   uint64_t device_size;
   uint32_t device_count;
   uint8_t reserved[80];  // zero
-  uint32_t checksum;               // CRC-32C of bytes [0, offsetof(checksum))
+  uint32_t checksum;     // CRC-32C of bytes [0, offsetof(checksum))
 };
 static_assert(sizeof(PoolHeaderLayout) == 256);
 static_assert(std::is_standard_layout_v<PoolHeaderLayout>);

@@ -534,7 +534,8 @@ absl::Status ArenaState::ReleaseIfEmpty(Segment& s, const LockRunner& lock) {
     // back from other hosts would otherwise claim and release in a loop.
     int empty_of_kind = 0;
     for (const auto& o : segs_) {
-      if (!o || o->state != s.state || (s.state == SegmentState::kSlab && o->cls != s.cls)) continue;
+      if (!o || o->state != s.state || (s.state == SegmentState::kSlab && o->cls != s.cls))
+        continue;
       empty_of_kind += o->state == SegmentState::kPages ? o->alloc_count <= 1 : o->alloc_count == 0;
     }
     if (empty_of_kind <= 2) return absl::OkStatus();

@@ -200,7 +200,7 @@ class ArenaState {
   uint64_t owner_epoch_ = 0;
   uint64_t rejected_frees_ = 0;
   int batch_depth_ = 0;
-  bool publish_counters_ = false;  // the current batch publishes the counters
+  bool publish_counters_ = false;               // the current batch publishes the counters
   std::vector<std::unique_ptr<Segment>> segs_;  // by segment index; null: not this arena's
   std::array<std::vector<uint32_t>, allocator::kNumClasses> class_segs_;
   std::array<std::vector<PoolOffset>, allocator::kNumClasses> cache_;

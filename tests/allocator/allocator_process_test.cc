@@ -337,8 +337,7 @@ int StressHost(const std::string& uri, int i, int hosts, const volatile int* sto
   // test is about.
   absl::StatusOr<Host> h;
   const absl::Time attach_deadline = absl::Now() + absl::Seconds(10);
-  while (!(h = Attach(uri, static_cast<uint32_t>(i * 2), absl::Milliseconds(1),
-                      absl::Seconds(1)))
+  while (!(h = Attach(uri, static_cast<uint32_t>(i * 2), absl::Milliseconds(1), absl::Seconds(1)))
               .ok()) {
     if (absl::Now() > attach_deadline) return 30;
     absl::SleepFor(absl::Milliseconds(20));
