@@ -266,8 +266,6 @@ absl::Status ArenaState::Load() {
   segs_.resize(h.segment_count);
   for (auto& v : class_segs_) v.clear();
   for (auto& v : cache_) v.clear();
-  counts_ = {};
-  pages_allocated_ = pages_durable_ = huge_segments_ = huge_bytes_ = page_bytes_ = 0;
 
   std::vector<SegmentEntryLayout> entries(h.segment_count);
   for (uint32_t i = h.meta_segments; i < h.segment_count; ++i) {
@@ -316,6 +314,8 @@ absl::Status ArenaState::Load() {
           const uint64_t bits = (n >= 64 ? ~uint64_t{0} : (uint64_t{1} << n) - 1) << p;
           if (p + n > kPagesPerSegment || (covered & bits)) {
             problem(i, absl::StrCat("page run at ", p, " of ", n, " pages overlaps or overruns"));
+            s->run[p] = 0;  // never used to size or free anything
+            continue;
           }
           const uint64_t d = s->durable[0] & bits;
           if (d != 0 && d != (bits & ((uint64_t{1} << kPagesPerSegment) - 1))) {
@@ -328,16 +328,7 @@ absl::Status ArenaState::Load() {
         }
       }
       s->handed = s->alloc;
-      if (state == SegmentState::kSlab) {
-        class_segs_[s->cls].push_back(i);
-        counts_[s->cls].allocated += s->alloc_count;
-        counts_[s->cls].handed_out += s->alloc_count;
-        for (uint64_t w : s->durable) counts_[s->cls].durable += std::popcount(w);
-      } else {
-        pages_allocated_ += s->alloc_count - (s->valid ? 1 : 0);  // page 0 is the header
-        pages_durable_ += std::popcount(s->durable[0]);
-        page_bytes_ += uint64_t{s->alloc_count - (s->valid ? 1 : 0)} * kPageSize;
-      }
+      if (state == SegmentState::kSlab) class_segs_[s->cls].push_back(i);
     } else if (state == SegmentState::kHugeHead) {
       s->run_length = e.run_length;
       s->huge_bytes = e.block_size;
@@ -355,8 +346,6 @@ absl::Status ArenaState::Load() {
                                       " segments: segment ", i + k, " is not its tail"));
         }
       }
-      huge_segments_ += e.run_length;
-      huge_bytes_ += e.block_size;
     } else {  // a tail: valid when its head claims it
       const uint32_t head = e.head_index;
       const bool ok = head < i &&
@@ -368,6 +357,7 @@ absl::Status ArenaState::Load() {
     }
     segs_[i] = std::move(s);
   }
+  RecountFromBitmaps();
   return absl::OkStatus();
 }
 
@@ -844,15 +834,8 @@ absl::Status ArenaState::Free(PoolOffset off, bool allow_named, const LockRunner
       }
       std::vector<Segment*> touched;
       for (PoolOffset o : back) {
-        uint32_t j = 0;
-        Segment& t = *Mine(o, &j);
-        const uint32_t bb =
-            static_cast<uint32_t>((o - meta_.SegOffset(j) - kSegmentHeaderSize) / t.block_size);
-        ClearBit(t.alloc, bb);
-        WriteBits(t, false, bb / 64);
-        --t.alloc_count;
-        --counts_[t.cls].allocated;
-        if (std::find(touched.begin(), touched.end(), &t) == touched.end()) touched.push_back(&t);
+        Segment* t = ReturnToSlab(o);
+        if (std::find(touched.begin(), touched.end(), t) == touched.end()) touched.push_back(t);
       }
       CXLRT_FAULT_POINT("alloc.free.after_bitmap");
       absl::Status st;
@@ -934,19 +917,45 @@ absl::StatusOr<uint64_t> ArenaState::BlockSize(PoolOffset off) const {
   return uint64_t{s->run_length} * kSegmentSize;
 }
 
+void ArenaState::RecountFromBitmaps() {
+  // counts = popcounts of the bitmaps, the truth; every block counts as
+  // handed out (whoever holds it), none as cached.
+  counts_ = {};
+  pages_allocated_ = pages_durable_ = huge_segments_ = huge_bytes_ = page_bytes_ = 0;
+  for (auto& sp : segs_) {
+    if (!sp || !sp->valid) continue;
+    if (sp->state == SegmentState::kSlab) {
+      for (uint64_t w : sp->alloc) counts_[sp->cls].allocated += std::popcount(w);
+      for (uint64_t w : sp->durable) counts_[sp->cls].durable += std::popcount(w);
+      counts_[sp->cls].handed_out = counts_[sp->cls].allocated;
+    } else if (sp->state == SegmentState::kPages) {
+      const uint32_t pages = sp->alloc_count > 0 ? sp->alloc_count - 1 : 0;  // page 0: header
+      pages_allocated_ += pages;
+      pages_durable_ += std::popcount(sp->durable[0]);
+      page_bytes_ += uint64_t{pages} * kPageSize;
+    } else if (sp->state == SegmentState::kHugeHead) {
+      huge_segments_ += sp->run_length;
+      huge_bytes_ += sp->huge_bytes;
+    }
+  }
+}
+
+ArenaState::Segment* ArenaState::ReturnToSlab(PoolOffset off) {
+  const uint32_t i = *meta_.SegmentOf(off);
+  Segment* s = segs_[i].get();
+  const uint32_t b =
+      static_cast<uint32_t>(BlockIndex(off - meta_.SegOffset(i) - kSegmentHeaderSize, s->cls));
+  ClearBit(s->alloc, b);
+  WriteBits(*s, false, b / 64);
+  --s->alloc_count;
+  --counts_[s->cls].allocated;
+  return s;
+}
+
 void ArenaState::FlushCache() {
   BeginBatch();
   for (uint32_t c = 0; c < kNumClasses; ++c) {
-    for (PoolOffset o : cache_[c]) {
-      uint32_t j = 0;
-      Segment& t = *Mine(o, &j);
-      const uint32_t b =
-          static_cast<uint32_t>((o - meta_.SegOffset(j) - kSegmentHeaderSize) / t.block_size);
-      ClearBit(t.alloc, b);
-      WriteBits(t, false, b / 64);
-      --t.alloc_count;
-      --counts_[c].allocated;
-    }
+    for (PoolOffset o : cache_[c]) ReturnToSlab(o);
     cache_[c].clear();
   }
   EndBatch();
@@ -988,24 +997,7 @@ absl::Status ArenaState::ReclaimPrivate() {
     }
   }
   for (auto& v : cache_) v.clear();
-  // Counters from the bitmaps, the truth.
-  counts_ = {};
-  pages_allocated_ = pages_durable_ = huge_segments_ = huge_bytes_ = page_bytes_ = 0;
-  for (auto& sp : segs_) {
-    if (!sp) continue;
-    if (sp->state == SegmentState::kSlab) {
-      for (uint64_t w : sp->alloc) counts_[sp->cls].allocated += std::popcount(w);
-      for (uint64_t w : sp->durable) counts_[sp->cls].durable += std::popcount(w);
-      counts_[sp->cls].handed_out = counts_[sp->cls].allocated;
-    } else if (sp->state == SegmentState::kPages) {
-      pages_allocated_ += sp->alloc_count - 1;
-      pages_durable_ += std::popcount(sp->durable[0]);
-      page_bytes_ += uint64_t{sp->alloc_count - 1} * kPageSize;
-    } else if (sp->state == SegmentState::kHugeHead) {
-      huge_segments_ += sp->run_length;
-      huge_bytes_ += sp->huge_bytes;
-    }
-  }
+  RecountFromBitmaps();
   CXLRT_FAULT_POINT("alloc.recover.reclaimed");
   EndBatch();
   return absl::OkStatus();

@@ -188,6 +188,11 @@ class ArenaState {
   void ReleaseLocked(Segment& s);
   absl::Status ReleaseIfEmpty(Segment& s, const LockRunner& lock);
   void WriteBits(Segment& s, bool durable_map, uint32_t word);
+  // Clears the alloc bit of cached block `off` in the pool (it leaves the
+  // cache for the slab). Returns its segment.
+  Segment* ReturnToSlab(PoolOffset off);
+  // Counters from the bitmaps of the segments held.
+  void RecountFromBitmaps();
   void WriteRun(Segment& s, uint32_t page);
   void BeginBatch();
   void EndBatch();
