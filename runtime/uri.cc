@@ -66,6 +66,13 @@ bool PercentDecode(absl::string_view in, std::string* out) {
   return true;
 }
 
+// The unsigned integer `v` when it is one in [lo, hi].
+std::optional<uint32_t> InRange(absl::string_view v, uint32_t lo, uint32_t hi) {
+  uint32_t n = 0;
+  if (!absl::SimpleAtoi(v, &n) || n < lo || n > hi) return std::nullopt;
+  return n;
+}
+
 }  // namespace
 
 absl::StatusOr<PoolUri> ParsePoolUri(absl::string_view text) {
@@ -160,14 +167,14 @@ absl::StatusOr<PoolUri> ParsePoolUri(absl::string_view text) {
         }
         uri.mode = mode;
       } else if (key == "hosts") {
-        uint32_t hosts = 0;
-        if (!absl::SimpleAtoi(value, &hosts) || hosts < 1 || hosts > 1024) {
+        auto hosts = InRange(value, 1, 1024);
+        if (!hosts) {
           return Bad(text, absl::StrCat("hosts '", value, "' is not a host count in [1, 1024]"));
         }
         uri.hosts = hosts;
       } else if (key == "devices") {
-        uint32_t devices = 0;
-        if (!absl::SimpleAtoi(value, &devices) || devices < 1 || devices > 16) {
+        auto devices = InRange(value, 1, 16);
+        if (!devices) {
           return Bad(text, absl::StrCat("devices '", value, "' is not a device count in [1, 16]"));
         }
         uri.devices = devices;
@@ -179,8 +186,8 @@ absl::StatusOr<PoolUri> ParsePoolUri(absl::string_view text) {
         }
         uri.model = value;
       } else if (key == "latency_ns") {
-        uint32_t ns = 0;
-        if (!absl::SimpleAtoi(value, &ns) || ns > 10000000) {
+        auto ns = InRange(value, 0, 10000000);
+        if (!ns) {
           return Bad(text, absl::StrCat("latency_ns '", value,
                                         "' is not a latency in nanoseconds in [0, 10000000]"));
         }

@@ -33,6 +33,20 @@ TEST(UriTest, CanonicalTextParsesBackToTheSameUri) {
   EXPECT_EQ(again->ToString(), text);
 }
 
+TEST(UriTest, DeviceAndModelParametersRoundTrip) {
+  auto uri = ParsePoolUri("emu://m?size=8M&devices=4&model=switch&latency_ns=900&bw_gbps=12.5");
+  CXLRT_ASSERT_OK(uri);
+  EXPECT_EQ(uri->devices, 4u);
+  EXPECT_EQ(uri->model, "switch");
+  EXPECT_EQ(uri->latency_ns, 900u);
+  EXPECT_EQ(uri->bw_gbps, 12.5);
+  EXPECT_TRUE(uri->HasModel());
+  auto again = ParsePoolUri(uri->ToString());
+  CXLRT_ASSERT_OK(again);
+  EXPECT_EQ(again->ToString(), uri->ToString());
+  EXPECT_EQ(uri->ForOpeners(), "emu://m?model=switch&latency_ns=900&bw_gbps=12.5");
+}
+
 TEST(UriTest, BareNamesAndDefaults) {
   auto emu = ParsePoolUri("emu://demo");
   CXLRT_ASSERT_OK(emu);
@@ -84,7 +98,11 @@ INSTANTIATE_TEST_SUITE_P(
         BadUri{"emu://x?mode=0400", "mode '0400'"}, BadUri{"emu://x?mode=0999", "mode '0999'"},
         BadUri{"emu://x?hosts=0", "hosts '0'"}, BadUri{"emu://x?hosts=5000", "hosts '5000'"},
         BadUri{"emu://x?dir=%zz", "%-escape"}, BadUri{"dax://dev/dax0.0", "absolute device path"},
-        BadUri{"dax:///dev/dax0.0?node=1", "unknown parameter 'node'"}));
+        BadUri{"dax:///dev/dax0.0?node=1", "unknown parameter 'node'"},
+        BadUri{"emu://x?devices=0", "devices '0'"}, BadUri{"emu://x?devices=17", "devices '17'"},
+        BadUri{"emu://x?latency_ns=-1", "latency_ns '-1'"},
+        BadUri{"emu://x?bw_gbps=0", "bw_gbps '0'"}, BadUri{"emu://x?model=fast", "model 'fast'"},
+        BadUri{"dax:///dev/dax0.0?latency_ns=5", "unknown parameter 'latency_ns'"}));
 
 TEST(UnitsTest, ParsesSuffixes) {
   EXPECT_EQ(*ParseByteSize("4096"), 4096u);
