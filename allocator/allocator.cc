@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "allocator/internal/arena.h"
+#include "allocator/internal/thread_cache.h"
 #include "allocator/size_classes.h"
 #include "runtime/fault.h"
 #include "runtime/log.h"
@@ -13,10 +14,23 @@
 namespace cxlrt::allocator {
 
 using allocator_internal::ArenaState;
+using allocator_internal::AttachThreadCache;
+using allocator_internal::BlockIndex;
+using allocator_internal::BlockState;
 using allocator_internal::HeapMeta;
 using allocator_internal::LockRunner;
+using allocator_internal::SlabView;
+using allocator_internal::ThreadCache;
+using allocator_internal::ThreadCacheRegistry;
 
 namespace {
+
+std::atomic<uint64_t> next_allocator_id{1};
+
+// The calling thread's cache of the allocator it used last: one compare on
+// the fast paths.
+thread_local uint64_t last_allocator_id = 0;
+thread_local ThreadCache* last_cache = nullptr;
 
 const LockRunner kHeld = [](const std::function<absl::Status()>& fn) { return fn(); };
 
@@ -32,9 +46,10 @@ Allocator::Allocator(runtime::Pool& pool, runtime::Membership& membership,
       options_(options),
       slot_(membership.slot()),
       epoch_(membership.epoch()),
-      pool_lock_([this](const std::function<absl::Status()>& fn) {
-        return membership_.WithPoolLock(fn);
-      }) {}
+      pool_lock_(
+          [this](const std::function<absl::Status()>& fn) { return membership_.WithPoolLock(fn); }),
+      id_(next_allocator_id.fetch_add(1, std::memory_order_relaxed)),
+      registry_(std::make_shared<ThreadCacheRegistry>()) {}
 
 absl::StatusOr<std::unique_ptr<Allocator>> Allocator::Open(runtime::Pool& pool,
                                                            runtime::Membership& membership,
@@ -99,11 +114,14 @@ absl::Status Allocator::Init() {
     return absl::OkStatus();
   }));
   arena_ = std::move(arena);
-  arena_->set_refill_hook([this] {  // runs under mu_
-    // Hosts that sent frees lately on every refill, every host now and then.
-    const bool all = ++refills_ % 32 == 0;
-    arena_->DrainRings(&my_tails_, pool_lock_, /*active_only=*/!all);  // counters: next tick
-  });
+  {
+    std::lock_guard<std::mutex> lock(registry_->mu);
+    registry_->give_back = [this](ThreadCache& tc) {
+      std::lock_guard<std::mutex> l(mu_);
+      for (uint32_t c = 0; c < kNumClasses; ++c) ReturnBlocks(tc, c, tc.bins[c].count);
+    };
+  }
+  arena_->set_refill_hook([this] { DrainOnRefill(); });
   my_heads_.resize(meta.slots());
   for (uint32_t o = 0; o < meta.slots(); ++o) {
     my_heads_[o] = pool_.coherence().LoadFlag(meta.HeadOffset(slot_, o));
@@ -145,11 +163,27 @@ absl::StatusOr<PoolOffset> Allocator::Allocate(uint64_t size, const AllocOptions
   if (alignment > heap) {
     return absl::InvalidArgumentError(absl::StrCat("alignment ", alignment, " exceeds the heap"));
   }
+  if (!options.durable && alignment == 64 && size <= kMaxSmallSize && Usable()) {
+    // The fast path: a block from this thread's cache.
+    const uint32_t cls = PlainClassFor(size);
+    ThreadCache& tc = MyCache();
+    ThreadCache::Bin& bin = tc.bins[cls];
+    uint32_t n = bin.count.load(std::memory_order_relaxed);
+    if (n == 0) {
+      std::lock_guard<std::mutex> lock(mu_);
+      CXLRT_RETURN_IF_ERROR(RefillBin(tc, cls));
+      n = bin.count.load(std::memory_order_relaxed);
+    }
+    const PoolOffset off = bin.blocks[n - 1];
+    bin.count.store(n - 1, std::memory_order_relaxed);
+    const uint32_t seg = *meta_->SegmentOf(off);
+    const uint64_t b = BlockIndex(off - meta_->SegOffset(seg) - kSegmentHeaderSize, cls);
+    arena_->View(seg).state.load(std::memory_order_relaxed)[b].store(
+        static_cast<uint8_t>(BlockState::kUser), std::memory_order_relaxed);
+    return off;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   CXLRT_RETURN_IF_ERROR(CheckUsable());
-  if (!options.durable && alignment == 64 && size <= kMaxSmallSize) {
-    if (PoolOffset off = arena_->TryAllocCached(PlainClassFor(size))) return off;
-  }
   auto off = arena_->Allocate(size, alignment, options.durable, pool_lock_);
   if (off.ok() || off.status().code() != absl::StatusCode::kResourceExhausted) return off;
   // Full: take back what other hosts freed, then try once more.
@@ -158,10 +192,123 @@ absl::StatusOr<PoolOffset> Allocator::Allocate(uint64_t size, const AllocOptions
 }
 
 absl::Status Allocator::Free(PoolOffset offset) {
+  const auto seg = meta_ ? meta_->SegmentOf(offset) : std::nullopt;
+  if (seg && Usable()) {
+    // The fast path: a private block of this arena's slabs that a cached
+    // path handed out goes into this thread's cache.
+    const SlabView& view = arena_->View(*seg);
+    const uint32_t cls1 = view.cls1.load(std::memory_order_acquire);
+    const uint64_t rel = offset - meta_->SegOffset(*seg) - kSegmentHeaderSize;
+    if (cls1 != 0 && offset - meta_->SegOffset(*seg) >= kSegmentHeaderSize) {
+      const uint32_t cls = cls1 - 1;
+      const uint64_t b = BlockIndex(rel, cls);
+      if (b * kClassSizes[cls] == rel && b < SlabBlocks(cls)) {
+        std::atomic<uint8_t>& state = view.state.load(std::memory_order_acquire)[b];
+        const auto st = static_cast<BlockState>(state.load(std::memory_order_relaxed));
+        if (st == BlockState::kThreadCache) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("double free: the block at 0x", absl::Hex(offset), " (",
+                           kClassSizes[cls], " bytes) is not allocated"));
+        }
+        if (st == BlockState::kUser) {
+          ThreadCache& tc = MyCache();
+          ThreadCache::Bin& bin = tc.bins[cls];
+          uint32_t n = bin.count.load(std::memory_order_relaxed);
+          if (n == bin.capacity) {
+            std::lock_guard<std::mutex> lock(mu_);
+            ReturnBlocks(tc, cls, n / 2);
+            n = bin.count.load(std::memory_order_relaxed);
+          }
+          state.store(static_cast<uint8_t>(BlockState::kThreadCache), std::memory_order_relaxed);
+          bin.blocks[n] = offset;
+          bin.count.store(n + 1, std::memory_order_relaxed);
+          return absl::OkStatus();
+        }
+      }
+    }
+  }
   std::lock_guard<std::mutex> lock(mu_);
   CXLRT_RETURN_IF_ERROR(CheckUsable());
   if (arena_->TryFreeCached(offset)) return absl::OkStatus();
   return FreeLocked(offset, /*allow_named=*/false);
+}
+
+ThreadCache& Allocator::MyCache() {
+  if (last_allocator_id != id_) {
+    last_cache = AttachThreadCache(registry_);
+    last_allocator_id = id_;
+  }
+  return *last_cache;
+}
+
+absl::Status Allocator::RefillBin(ThreadCache& tc, uint32_t cls) {
+  CXLRT_RETURN_IF_ERROR(CheckUsable());
+  ThreadCache::Bin& bin = tc.bins[cls];
+  const uint32_t want = std::max<uint32_t>(1, bin.capacity / 2);
+  uint32_t n = bin.count.load(std::memory_order_relaxed);
+  DrainOnRefill();  // what other hosts freed comes first
+  while (n < want) {
+    PoolOffset off = arena_->TryAllocCached(cls);
+    if (off == 0) {
+      // What the arena had (frees from other hosts among them) will do: the
+      // next refill drains the rings again before the slabs are scanned.
+      if (n > 0) break;
+      auto got = arena_->Allocate(kClassSizes[cls], 64, /*durable=*/false, pool_lock_);
+      if (!got.ok() && got.status().code() == absl::StatusCode::kResourceExhausted && n == 0) {
+        // Full: take back what other hosts freed, then try once more.
+        CXLRT_RETURN_IF_ERROR(DrainRings());
+        got = arena_->Allocate(kClassSizes[cls], 64, /*durable=*/false, pool_lock_);
+      }
+      if (!got.ok()) return got.status();
+      off = *got;
+    }
+    const uint32_t seg = *meta_->SegmentOf(off);
+    const uint64_t b = BlockIndex(off - meta_->SegOffset(seg) - kSegmentHeaderSize, cls);
+    arena_->View(seg).state.load(std::memory_order_relaxed)[b].store(
+        static_cast<uint8_t>(BlockState::kThreadCache), std::memory_order_relaxed);
+    bin.blocks[n++] = off;
+  }
+  bin.count.store(n, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+void Allocator::DrainOnRefill() {
+  // Hosts that sent frees lately on every refill, every host now and then.
+  const bool all = ++refills_ % 32 == 0;
+  arena_->DrainRings(&my_tails_, pool_lock_, /*active_only=*/!all);  // counters: next tick
+}
+
+void Allocator::ReturnBlocks(ThreadCache& tc, uint32_t cls, uint32_t n) {
+  ThreadCache::Bin& bin = tc.bins[cls];
+  const uint32_t count = bin.count.load(std::memory_order_relaxed);
+  n = std::min(n, count);
+  for (uint32_t k = 0; k < n; ++k) {
+    const PoolOffset off = bin.blocks[k];
+    const uint32_t seg = *meta_->SegmentOf(off);
+    const uint64_t b = BlockIndex(off - meta_->SegOffset(seg) - kSegmentHeaderSize, cls);
+    // Back to "with a caller", then freed as a caller would.
+    arena_->View(seg).state.load(std::memory_order_relaxed)[b].store(
+        static_cast<uint8_t>(BlockState::kUser), std::memory_order_relaxed);
+    if (arena_->TryFreeCached(off)) continue;
+    absl::Status st = arena_->Free(off, /*allow_named=*/false, pool_lock_);
+    if (!st.ok()) {
+      CXLRT_LOG(kError) << "host " << slot_ << " could not return cached block 0x" << std::hex
+                        << off << std::dec << " to its arena: " << st;
+    }
+  }
+  std::copy(bin.blocks.get() + n, bin.blocks.get() + count, bin.blocks.get());
+  bin.count.store(count - n, std::memory_order_relaxed);
+}
+
+std::array<uint64_t, kNumClasses> Allocator::ThreadCached() {
+  std::array<uint64_t, kNumClasses> n{};
+  std::lock_guard<std::mutex> lock(registry_->mu);
+  for (const ThreadCache* tc : registry_->caches) {
+    for (uint32_t c = 0; c < kNumClasses; ++c) {
+      n[c] += tc->bins[c].count.load(std::memory_order_relaxed);
+    }
+  }
+  return n;
 }
 
 absl::Status Allocator::FreeLocked(PoolOffset offset, bool allow_named) {
@@ -408,8 +555,10 @@ absl::Status Allocator::FreeNamed(absl::string_view name) {
 }
 
 absl::Status Allocator::Tick() {
+  const auto thread_cached = ThreadCached();
   std::lock_guard<std::mutex> lock(mu_);
   CXLRT_RETURN_IF_ERROR(CheckUsable());
+  arena_->set_thread_cached(thread_cached);
   for (uint32_t o = 0; o < pending_.size(); ++o) PushPending(o);
   CXLRT_RETURN_IF_ERROR(DrainRings());
   arena_->PublishCounters();  // handed-out counts move without batches
@@ -472,7 +621,9 @@ absl::StatusOr<std::vector<uint32_t>> Allocator::RecoverDeadHosts() {
 }
 
 HostStats Allocator::LocalStats() {
+  const auto thread_cached = ThreadCached();
   std::lock_guard<std::mutex> lock(mu_);
+  arena_->set_thread_cached(thread_cached);
   return arena_->Stats();
 }
 
@@ -483,9 +634,20 @@ absl::Status Allocator::Close() {
   }
   tick_cv_.notify_all();
   if (tick_thread_.joinable()) tick_thread_.join();
+  {
+    // Every thread's cached blocks back to the arena; threads that exit
+    // later find nothing to give back.
+    std::lock_guard<std::mutex> lock(registry_->mu);
+    if (registry_->give_back) {
+      for (ThreadCache* tc : registry_->caches) registry_->give_back(*tc);
+    }
+    registry_->give_back = nullptr;
+    registry_->caches.clear();
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (closed_ || !arena_) return absl::FailedPreconditionError("the allocator is already closed");
   closed_ = true;
+  arena_->set_thread_cached({});
   if (membership_.fenced()) return absl::AbortedError("this host was fenced: nothing written");
   // Queued frees: a few tries while owners drain, then give up (logged).
   for (int attempt = 0; attempt < 100; ++attempt) {

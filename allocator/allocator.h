@@ -15,7 +15,9 @@
 //   private blocks are reclaimed) or durable (they outlive it; named blocks
 //   are durable). A survivor fences a dead host and recovers its arena.
 //
-// Thread-safety: an Allocator is thread-safe. One Allocator per Membership.
+// Thread-safety: an Allocator is thread-safe. Each thread has a cache of
+// small private blocks in front of the arena: a local allocate or free of
+// one takes no lock (docs/allocator.md). One Allocator per Membership.
 #pragma once
 
 #include <array>
@@ -105,6 +107,8 @@ struct NamedBlock {
 namespace cxlrt::allocator_internal {
 class ArenaState;
 class HeapMeta;
+struct ThreadCache;
+struct ThreadCacheRegistry;
 }  // namespace cxlrt::allocator_internal
 
 namespace cxlrt::allocator {
@@ -182,12 +186,20 @@ class Allocator {
  private:
   Allocator(runtime::Pool& pool, runtime::Membership& membership, const AllocatorOptions& options);
   absl::Status Init();
-  absl::Status CheckUsable() {
-    if (closed_ || membership_.fenced()) return Unusable();
-    return absl::OkStatus();
-  }
+  bool Usable() const { return !closed_.load(std::memory_order_relaxed) && !membership_.fenced(); }
+  absl::Status CheckUsable() { return Usable() ? absl::OkStatus() : Unusable(); }
   absl::Status Unusable();
   absl::Status FreeLocked(PoolOffset offset, bool allow_named);
+  // The calling thread's cache (made on first use).
+  allocator_internal::ThreadCache& MyCache();
+  // Fills the empty cache bin of class `cls` from the arena. REQUIRES: mu_.
+  absl::Status RefillBin(allocator_internal::ThreadCache& tc, uint32_t cls);
+  // Takes back what other hosts freed (on every refill). REQUIRES: mu_.
+  void DrainOnRefill();
+  // Returns the oldest `n` blocks of bin `cls` to the arena. REQUIRES: mu_.
+  void ReturnBlocks(allocator_internal::ThreadCache& tc, uint32_t cls, uint32_t n);
+  // Blocks per class that thread caches hold now (relaxed reads).
+  std::array<uint64_t, kNumClasses> ThreadCached();
   absl::Status RemoteFree(PoolOffset offset, bool allow_named);
   // Frees `entries` in `owner`'s arena, which no host owns, under the pool lock.
   absl::Status FreeInUnownedArena(uint32_t owner, const std::vector<RingEntryLayout>& entries);
@@ -206,13 +218,15 @@ class Allocator {
   AllocatorHeaderLayout header_{};
 
   std::unique_ptr<allocator_internal::HeapMeta> meta_;  // set by Init, then constant
-  std::mutex mu_;
+  const uint64_t id_;  // unique in the process: names this allocator's thread caches
+  std::shared_ptr<allocator_internal::ThreadCacheRegistry> registry_;
+  std::mutex mu_;  // after registry_->mu when both are taken
   std::unique_ptr<allocator_internal::ArenaState> arena_;  // guarded by mu_
   std::vector<uint64_t> my_heads_;                         // guarded by mu_: head of ring (me, o)
   std::vector<uint64_t> my_tails_;                         // guarded by mu_: tail of ring (p, me)
   uint64_t refills_ = 0;                                   // guarded by mu_
   std::vector<std::deque<RingEntryLayout>> pending_;  // guarded by mu_: frees queued for owner o
-  bool closed_ = false;                               // guarded by mu_
+  std::atomic<bool> closed_{false};                   // written under mu_
   // Segment entries last read whole and verified, for remote frees.
   struct SeenEntry {
     SegmentEntryLayout entry;

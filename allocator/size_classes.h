@@ -18,10 +18,16 @@ inline constexpr uint32_t kClassSizes[kNumClasses] = {
     6144, 8192, 12288, 16384, 24576, 32768, 49152, 65536, 98304, 131072, 196608, 262144};
 inline constexpr uint64_t kMaxSmallSize = 262144;
 
-// Blocks of class `c` in one slab segment.
-constexpr uint32_t SlabBlocks(uint32_t c) {
-  return static_cast<uint32_t>((kSegmentSize - kSegmentHeaderSize) / kClassSizes[c]);
-}
+// Blocks of class `c` in one slab segment (a table: no division on the
+// fast paths).
+inline constexpr std::array<uint32_t, kNumClasses> kSlabBlocks = [] {
+  std::array<uint32_t, kNumClasses> n{};
+  for (uint32_t c = 0; c < kNumClasses; ++c) {
+    n[c] = static_cast<uint32_t>((kSegmentSize - kSegmentHeaderSize) / kClassSizes[c]);
+  }
+  return n;
+}();
+constexpr uint32_t SlabBlocks(uint32_t c) { return kSlabBlocks[c]; }
 static_assert(SlabBlocks(0) <= kMaxBitmapWords * 64);
 
 namespace size_classes_internal {

@@ -48,19 +48,6 @@ constexpr std::array<uint32_t, kNumClasses> kBatch = [] {
 }();
 inline uint32_t BatchFor(uint32_t cls) { return kBatch[cls]; }
 
-// Block index of `rel` bytes into a slab's blocks, by multiplication:
-// idx = rel * ceil(2^42 / size) >> 42 is exact for rel < 2^21 (a segment)
-// and sizes of at most 2^18, since rel / size never has a fractional part
-// above 1 - 2^-18.
-constexpr std::array<uint64_t, kNumClasses> kInverse = [] {
-  std::array<uint64_t, kNumClasses> v{};
-  for (uint32_t c = 0; c < kNumClasses; ++c) {
-    v[c] = ((uint64_t{1} << 42) + kClassSizes[c] - 1) / kClassSizes[c];
-  }
-  return v;
-}();
-inline uint64_t BlockIndex(uint64_t rel, uint32_t cls) { return (rel * kInverse[cls]) >> 42; }
-
 uint64_t ValidMask(uint32_t blocks, uint32_t word) {
   const uint64_t first = uint64_t{word} * 64;
   if (first + 64 <= blocks) return ~uint64_t{0};
@@ -247,7 +234,12 @@ struct ArenaState::Segment {
 };
 
 ArenaState::ArenaState(const HeapMeta& meta, uint32_t slot, bool use_cache)
-    : meta_(meta), slot_(slot), use_cache_(use_cache) {}
+    : meta_(meta),
+      slot_(slot),
+      use_cache_(use_cache),
+      // Only an owner's arena has thread caches to show its slabs to.
+      views_(use_cache ? std::make_unique<SlabView[]>(meta.header().segment_count) : nullptr),
+      view_bytes_(use_cache ? meta.header().segment_count : 0) {}
 
 ArenaState::~ArenaState() = default;
 
@@ -262,6 +254,7 @@ absl::Status ArenaState::Load() {
   version_ = a.version + (a.version & 1);  // an interrupted batch: make it even again
   owner_epoch_ = a.owner_epoch;
   rejected_frees_ = a.rejected_frees;
+  for (uint32_t i = 0; i < h.segment_count; ++i) HideSlab(i);
   segs_.clear();
   segs_.resize(h.segment_count);
   for (auto& v : class_segs_) v.clear();
@@ -356,9 +349,36 @@ absl::Status ArenaState::Load() {
       problem(i, "huge tail segment without its head (an interrupted claim or release)");
     }
     segs_[i] = std::move(s);
+    ShowSlab(*segs_[i]);
   }
   RecountFromBitmaps();
   return absl::OkStatus();
+}
+
+void ArenaState::ShowSlab(const Segment& s) {
+  if (!views_ || s.state != SegmentState::kSlab || !s.valid) return;
+  auto& bytes = view_bytes_[s.index];
+  if (!bytes) {
+    bytes = std::make_unique<std::atomic<uint8_t>[]>(allocator::SlabBlocks(0));
+    views_[s.index].state.store(bytes.get(), std::memory_order_release);
+  }
+  for (uint32_t b = 0; b < s.blocks; ++b) SetState(s, b, BlockState::kArena);
+  views_[s.index].cls1.store(s.cls + 1, std::memory_order_release);
+}
+
+BlockState ArenaState::StateOf(const Segment& s, uint32_t block) const {
+  if (!views_) return BlockState::kArena;
+  const auto& bytes = view_bytes_[s.index];
+  if (!bytes || s.state != SegmentState::kSlab) return BlockState::kArena;
+  return static_cast<BlockState>(bytes[block].load(std::memory_order_relaxed));
+}
+
+void ArenaState::SetState(const Segment& s, uint32_t block, BlockState st) {
+  if (!views_) return;
+  const auto& bytes = view_bytes_[s.index];
+  if (bytes && s.state == SegmentState::kSlab) {
+    bytes[block].store(static_cast<uint8_t>(st), std::memory_order_relaxed);
+  }
 }
 
 ArenaState::Segment* ArenaState::Mine(PoolOffset off, uint32_t* index) const {
@@ -411,7 +431,7 @@ void ArenaState::EndBatch() {
   a.stats_time_ns = static_cast<uint64_t>(runtime::NowNs());
   for (uint32_t c = 0; c < kNumClasses; ++c) {
     a.allocated[c] = counts_[c].allocated;
-    a.handed_out[c] = counts_[c].handed_out;
+    a.handed_out[c] = counts_[c].handed_out - std::min(thread_cached_[c], counts_[c].handed_out);
     a.durable[c] = counts_[c].durable;
   }
   a.pages_allocated = pages_allocated_;
@@ -489,6 +509,7 @@ absl::StatusOr<ArenaState::Segment*> ArenaState::Claim(SegmentState state, uint3
       if (state == SegmentState::kSlab) class_segs_[cls].push_back(i);
       claimed = s.get();
       segs_[i] = std::move(s);
+      ShowSlab(*claimed);
       return absl::OkStatus();
     }
     return absl::ResourceExhaustedError(absl::StrCat("the heap of ", meta_.pool().name(),
@@ -512,6 +533,7 @@ void ArenaState::ReleaseLocked(Segment& s) {
     auto& v = class_segs_[s.cls];
     v.erase(std::remove(v.begin(), v.end(), s.index), v.end());
   }
+  HideSlab(s.index);
   segs_[s.index].reset();
 }
 
@@ -588,6 +610,7 @@ absl::StatusOr<PoolOffset> ArenaState::AllocSmall(uint32_t cls, bool durable,
       static_cast<uint32_t>(BlockIndex(off - meta_.SegOffset(i) - kSegmentHeaderSize, s.cls));
   SetBit(s.handed, b);
   ++counts_[cls].handed_out;
+  if (!durable) SetState(s, b, BlockState::kUser);
   if (durable) {
     BeginBatch();
     SetBit(s.durable, b);
@@ -606,8 +629,10 @@ PoolOffset ArenaState::TryAllocCached(uint32_t cls) {
   cache.pop_back();
   const uint32_t i = *meta_.SegmentOf(off);
   Segment& s = *segs_[i];
-  SetBit(s.handed,
-         static_cast<uint32_t>(BlockIndex(off - meta_.SegOffset(i) - kSegmentHeaderSize, cls)));
+  const auto b =
+      static_cast<uint32_t>(BlockIndex(off - meta_.SegOffset(i) - kSegmentHeaderSize, cls));
+  SetBit(s.handed, b);
+  SetState(s, b, BlockState::kUser);
   ++counts_[cls].handed_out;
   CXLRT_FAULT_POINT("alloc.allocate.done");
   return off;
@@ -624,9 +649,11 @@ bool ArenaState::TryFreeCached(PoolOffset off) {
   if (b * s->block_size != rel - kSegmentHeaderSize || b >= s->blocks) return false;
   const uint32_t bit = static_cast<uint32_t>(b);
   if (!TestBit(s->handed, bit) || TestBit(s->durable, bit)) return false;
+  if (StateOf(*s, bit) == BlockState::kThreadCache) return false;  // Free reports it
   auto& cache = cache_[s->cls];
   if (cache.size() >= 2 * BatchFor(s->cls)) return false;
   ClearBit(s->handed, bit);
+  SetState(*s, bit, BlockState::kArena);
   --counts_[s->cls].handed_out;
   cache.push_back(off);
   return true;
@@ -798,7 +825,7 @@ absl::Status ArenaState::Free(PoolOffset off, bool allow_named, const LockRunner
             s.block_size, " bytes start at 0x", absl::Hex(base + kSegmentHeaderSize), ")"));
       }
       const uint32_t b = static_cast<uint32_t>(b64);
-      if (!TestBit(s.handed, b)) {
+      if (!TestBit(s.handed, b) || StateOf(s, b) == BlockState::kThreadCache) {
         return absl::FailedPreconditionError(absl::StrCat("double free: the block at 0x",
                                                           absl::Hex(off), " (", s.block_size,
                                                           " bytes) is not allocated"));
@@ -806,6 +833,7 @@ absl::Status ArenaState::Free(PoolOffset off, bool allow_named, const LockRunner
       const bool durable = TestBit(s.durable, b);
       if (durable) CXLRT_RETURN_IF_ERROR(named_check());
       ClearBit(s.handed, b);
+      SetState(s, b, BlockState::kArena);
       --counts_[s.cls].handed_out;
       auto& cache = cache_[s.cls];
       if (use_cache_ && cache.size() < 2 * BatchFor(s.cls) && !durable) {
@@ -990,6 +1018,9 @@ absl::Status ArenaState::ReclaimPrivate() {
         s.handed[w] = s.durable[w];
         s.alloc_count += std::popcount(keep);
       }
+      if (s.state == SegmentState::kSlab) {
+        for (uint32_t b = 0; b < s.blocks; ++b) SetState(s, b, BlockState::kArena);
+      }
       const bool empty = s.state == SegmentState::kPages ? s.alloc_count <= 1 : s.alloc_count == 0;
       if (empty) ReleaseLocked(s);
     } else if (s.state == SegmentState::kHugeHead && !s.huge_durable) {
@@ -1144,9 +1175,11 @@ allocator::HostStats ArenaState::Stats() const {
   }
   for (uint32_t c = 0; c < kNumClasses; ++c) {
     st.classes[c] = counts_[c];
-    st.bytes_in_use += counts_[c].handed_out * kClassSizes[c];
-    st.bytes_cached += (counts_[c].allocated - counts_[c].handed_out) * kClassSizes[c];
-    st.durable_bytes += counts_[c].durable * kClassSizes[c];
+    st.classes[c].handed_out -= std::min(thread_cached_[c], counts_[c].handed_out);
+    const allocator::ClassStats& n = st.classes[c];
+    st.bytes_in_use += n.handed_out * kClassSizes[c];
+    st.bytes_cached += (n.allocated - n.handed_out) * kClassSizes[c];
+    st.durable_bytes += n.durable * kClassSizes[c];
   }
   st.bytes_in_use += pages_allocated_ * kPageSize + huge_segments_ * kSegmentSize;
   st.durable_bytes += pages_durable_ * kPageSize;

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -26,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "allocator/allocator.h"
 #include "allocator/allocator_layout.h"
+#include "allocator/size_classes.h"
 #include "runtime/pool.h"
 
 namespace cxlrt::allocator_internal {
@@ -37,6 +39,19 @@ using allocator::SegmentEntryLayout;
 using allocator::SegmentHeaderLayout;
 using allocator::SegmentState;
 using runtime::PoolOffset;
+
+// Block index of `rel` bytes into a slab's blocks, by multiplication:
+// idx = rel * ceil(2^42 / size) >> 42 is exact for rel < 2^21 (a segment)
+// and sizes of at most 2^18, since rel / size never has a fractional part
+// above 1 - 2^-18.
+inline constexpr std::array<uint64_t, allocator::kNumClasses> kInverse = [] {
+  std::array<uint64_t, allocator::kNumClasses> v{};
+  for (uint32_t c = 0; c < allocator::kNumClasses; ++c) {
+    v[c] = ((uint64_t{1} << 42) + allocator::kClassSizes[c] - 1) / allocator::kClassSizes[c];
+  }
+  return v;
+}();
+inline uint64_t BlockIndex(uint64_t rel, uint32_t cls) { return (rel * kInverse[cls]) >> 42; }
 
 uint32_t EntryChecksum(const SegmentEntryLayout& e);
 uint32_t SegmentHeaderChecksum(const SegmentHeaderLayout& h);
@@ -109,6 +124,23 @@ class HeapMeta {
 // holds it).
 using LockRunner = std::function<absl::Status(const std::function<absl::Status()>&)>;
 
+// Where a block of a slab is, as the thread caches (allocator.cc) see it.
+enum class BlockState : uint8_t {
+  kArena = 0,        // free in the arena, or held by a caller that got it on a slow path
+  kUser = 1,         // private, handed to a caller by a cached path: its free may go fast
+  kThreadCache = 2,  // free in some thread's cache (a free of it is a double free)
+};
+
+// The part of an arena that thread caches read without the allocator's
+// lock: per segment, the class + 1 while the arena holds it as a valid slab
+// (0 otherwise), and one BlockState byte per block. The arena writes them
+// holding the allocator's lock; a thread moves a block it holds between
+// kUser and kThreadCache without it. Process-local.
+struct SlabView {
+  std::atomic<uint32_t> cls1{0};
+  std::atomic<std::atomic<uint8_t>*> state{nullptr};  // SlabBlocks(0) bytes, kept once made
+};
+
 class ArenaState {
  public:
   // `use_cache`: keep freed small blocks allocated in a local cache (the
@@ -168,6 +200,14 @@ class ArenaState {
   // are scanned: the owner drains its free rings there.
   void set_refill_hook(std::function<void()> hook) { refill_hook_ = std::move(hook); }
 
+  // The lock-free view of segment `seg` (see SlabView). REQUIRES: use_cache.
+  const SlabView& View(uint32_t seg) const { return views_[seg]; }
+  // Blocks per class that thread caches hold: handed out as far as the
+  // arena knows, reported as cached by Stats and PublishCounters.
+  void set_thread_cached(const std::array<uint64_t, allocator::kNumClasses>& n) {
+    thread_cached_ = n;
+  }
+
   // Publishes the counters (the seqlock bumps around them).
   void PublishCounters();
   allocator::HostStats Stats() const;
@@ -193,6 +233,13 @@ class ArenaState {
   Segment* ReturnToSlab(PoolOffset off);
   // Counters from the bitmaps of the segments held.
   void RecountFromBitmaps();
+  // Opens slab `s` to the thread caches (every block kArena) or closes it.
+  void ShowSlab(const Segment& s);
+  void HideSlab(uint32_t index) {
+    if (views_) views_[index].cls1.store(0, std::memory_order_release);
+  }
+  BlockState StateOf(const Segment& s, uint32_t block) const;
+  void SetState(const Segment& s, uint32_t block, BlockState st);
   void WriteRun(Segment& s, uint32_t page);
   void BeginBatch();
   void EndBatch();
@@ -210,6 +257,9 @@ class ArenaState {
   std::array<std::vector<uint32_t>, allocator::kNumClasses> class_segs_;
   std::array<std::vector<PoolOffset>, allocator::kNumClasses> cache_;
   std::array<allocator::ClassStats, allocator::kNumClasses> counts_{};
+  std::array<uint64_t, allocator::kNumClasses> thread_cached_{};
+  std::unique_ptr<SlabView[]> views_;                                // by segment index
+  std::vector<std::unique_ptr<std::atomic<uint8_t>[]>> view_bytes_;  // owns views_[i].state
   uint64_t pages_allocated_ = 0, pages_durable_ = 0, huge_segments_ = 0, huge_bytes_ = 0;
   uint64_t page_bytes_ = 0;
   ArenaLayout published_{};

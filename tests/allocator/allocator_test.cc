@@ -4,7 +4,11 @@
 #include "allocator/allocator.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <mutex>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "allocator/size_classes.h"
@@ -342,6 +346,124 @@ TEST_P(AllocatorTest, ClosingReclaimsPrivateBlocksAndKeepsDurableOnes) {
 INSTANTIATE_TEST_SUITE_P(Domains, AllocatorTest,
                          ::testing::Values(CoherenceDomain::kHardware,
                                            CoherenceDomain::kSimulated));
+
+TEST_P(AllocatorTest, ThreadCachesCatchDoubleFreesWhereverTheBlockIs) {
+  // In the freeing thread's cache, in another thread's cache, and back in
+  // the arena after the cache overflowed: each second free is refused.
+  auto off = a_.alloc->Allocate(64);
+  ASSERT_TRUE(off.ok());
+  CXLRT_ASSERT_OK(a_.alloc->Free(*off));
+  CXLRT_EXPECT_ERROR(a_.alloc->Free(*off), absl::StatusCode::kFailedPrecondition, "double free");
+  std::thread([&] {
+    CXLRT_EXPECT_ERROR(a_.alloc->Free(*off), absl::StatusCode::kFailedPrecondition, "double free");
+  }).join();
+  std::vector<PoolOffset> many;
+  for (int i = 0; i < 1000; ++i) {
+    auto b = a_.alloc->Allocate(64);
+    ASSERT_TRUE(b.ok());
+    many.push_back(*b);
+  }
+  for (PoolOffset b : many) CXLRT_ASSERT_OK(a_.alloc->Free(b));
+  for (PoolOffset b : many) {
+    CXLRT_EXPECT_ERROR(a_.alloc->Free(b), absl::StatusCode::kFailedPrecondition, "double free");
+  }
+  EXPECT_EQ(a_.alloc->LocalStats().bytes_in_use, 0u);
+  CXLRT_ASSERT_OK(a_.alloc->Tick());
+  ExpectAuditClean(*a_.pool);
+}
+
+TEST_P(AllocatorTest, ThreadsAllocateAndFreeEachOthersBlocksExactly) {
+  // Four threads; each frees half of its blocks itself and hands the other
+  // half to the next thread, so blocks cross caches. Every block holds its
+  // bytes while in use, no block is handed to two threads, and at the end
+  // the statistics say nothing is in use.
+  constexpr int kThreads = 4, kRounds = 2000;
+  std::vector<std::vector<PoolOffset>> inbox(kThreads);
+  std::vector<std::mutex> inbox_mu(kThreads);
+  std::atomic<int> errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(t);
+      uint8_t* base = const_cast<uint8_t*>(a_.pool->backend().base());
+      for (int r = 0; r < kRounds; ++r) {
+        const uint64_t size = 64u << (rng() % 7);  // 64 B .. 4 KiB
+        auto off = a_.alloc->Allocate(size);
+        if (!off.ok()) {
+          ++errors;
+          continue;
+        }
+        std::memset(base + *off, t + 1, size);
+        std::vector<PoolOffset> mine;
+        {
+          std::lock_guard<std::mutex> l(inbox_mu[t]);
+          mine.swap(inbox[t]);
+        }
+        for (PoolOffset o : mine) {
+          if (!a_.alloc->Free(o).ok()) ++errors;
+        }
+        bool bytes_ok = true;
+        for (uint64_t i = 0; i < size; ++i) bytes_ok &= base[*off + i] == t + 1;
+        if (!bytes_ok) ++errors;
+        if (r % 2) {
+          if (!a_.alloc->Free(*off).ok()) ++errors;
+        } else {
+          std::lock_guard<std::mutex> l(inbox_mu[(t + 1) % kThreads]);
+          inbox[(t + 1) % kThreads].push_back(*off);
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    for (PoolOffset o : inbox[t]) CXLRT_EXPECT_OK(a_.alloc->Free(o));
+  }
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(a_.alloc->LocalStats().bytes_in_use, 0u);
+  CXLRT_ASSERT_OK(a_.alloc->Tick());
+  ExpectAuditClean(*a_.pool);
+}
+
+TEST_P(AllocatorTest, StatisticsCountBlocksInThreadCachesAsCached) {
+  std::vector<PoolOffset> blocks;
+  for (int i = 0; i < 10; ++i) {
+    auto off = a_.alloc->Allocate(100);
+    ASSERT_TRUE(off.ok());
+    blocks.push_back(*off);
+  }
+  for (int i = 0; i < 4; ++i) CXLRT_ASSERT_OK(a_.alloc->Free(blocks[i]));
+  std::thread([&] { CXLRT_EXPECT_OK(a_.alloc->Free(blocks[4])); }).join();
+  HostStats st = a_.alloc->LocalStats();
+  EXPECT_EQ(st.classes[PlainClassFor(100)].handed_out, 5u);
+  EXPECT_EQ(st.bytes_in_use, 5u * kClassSizes[PlainClassFor(100)]);
+  CXLRT_ASSERT_OK(a_.alloc->Tick());
+  auto published = ReadStats(*a_.pool);
+  ASSERT_TRUE(published.ok()) << published.status();
+  EXPECT_EQ(published->hosts[0].bytes_in_use, st.bytes_in_use);
+  ExpectAuditClean(*a_.pool);
+}
+
+TEST_P(AllocatorTest, AThreadThatOutlivesItsAllocatorLeavesNothingBehind) {
+  // The thread caches a block, the allocator closes (taking the block
+  // back), then the thread exits: nothing touches the closed allocator.
+  std::atomic<int> step{0};
+  std::thread t([&] {
+    auto off = a_.alloc->Allocate(64);
+    EXPECT_TRUE(off.ok());
+    if (off.ok()) CXLRT_EXPECT_OK(a_.alloc->Free(*off));
+    step = 1;
+    while (step != 2) std::this_thread::yield();
+  });
+  while (step != 1) std::this_thread::yield();
+  CXLRT_ASSERT_OK(a_.alloc->Close());
+  a_.alloc.reset();
+  step = 2;
+  t.join();
+  ExpectAuditClean(*a_.pool);
+  Host b = Second();
+  ASSERT_NE(b.alloc, nullptr);
+  EXPECT_EQ(b.alloc->LocalStats().bytes_in_use, 0u);
+}
 
 TEST(PoolPtrTest, ResolvesInTheMappingAndChecksRawPointers) {
   TempDir dir;
