@@ -182,6 +182,8 @@ class Allocator {
   absl::Status Close();
 
   uint32_t slot() const { return slot_; }
+  runtime::Pool& pool() const { return pool_; }
+  runtime::Membership& membership() const { return membership_; }
 
  private:
   Allocator(runtime::Pool& pool, runtime::Membership& membership, const AllocatorOptions& options);

@@ -139,6 +139,17 @@ class Coherence {
     Read(dst, src, n);
   }
 
+  // Bulk reads in place (a reduction over other hosts' published bytes,
+  // with no copy out first): returns this host's address of [src, src+n)
+  // after dropping its cached copy, so loads through it see what was
+  // published before a flag this thread has since seen. Charged as a read
+  // of n bytes.
+  const uint8_t* BeginRead(PoolOffset src, size_t n) {
+    const int64_t t = Start(src, n);
+    DoInvalidate(src, n);
+    Charge(src, n, true, t);
+    return At(src);
+  }
   template <typename T>
   void PublishObject(PoolOffset dst, const T& value) {
     Publish(dst, &value, sizeof(T));

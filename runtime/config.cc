@@ -24,6 +24,12 @@ constexpr ConfigVar kTable[] = {
     {"CXLRT_SHM_DIR", "/dev/shm", "Directory of emulated pool files when the URI has no dir=."},
     {"CXLRT_LOG_LEVEL", "warning", "error, warning, info or debug."},
     {"CXLRT_FAULT", "", "Fault points to fire: point:action[:count],... (docs/faults.md)."},
+    {"CXLRT_COMM_TIMEOUT_MS", "60000", "Deadline of every wait of a collective call."},
+    {"CXLRT_COMM_SLOT_BYTES", "1048576",
+     "Bytes of each of a rank's two data slots in a communicator (the pipeline's chunk)."},
+    {"CXLRT_COMM_P2P_BYTES", "65536", "Bytes of each Send/Recv buffer (one per rank pair)."},
+    {"CXLRT_ALLREDUCE_ONESHOT_MAX", "65536",
+     "All-reduces up to this many bytes run one-shot; larger ones two-shot."},
 };
 
 absl::Status ParseUint(const char* name, const char* value, uint32_t lo, uint32_t hi,
@@ -111,6 +117,28 @@ absl::StatusOr<Config> ParseConfig(const std::function<const char*(const char*)>
       return absl::InvalidArgumentError(absl::StrCat("CXLRT_FAULT: ", rules.status().message()));
     }
     c.fault = v;
+  }
+  if (const char* v = getenv("CXLRT_COMM_TIMEOUT_MS"); v && *v) {
+    if (auto s = ParseUint("CXLRT_COMM_TIMEOUT_MS", v, 1, 86400000, &c.comm_timeout_ms); !s.ok()) {
+      return s;
+    }
+  }
+  if (const char* v = getenv("CXLRT_COMM_SLOT_BYTES"); v && *v) {
+    if (auto s = ParseUint("CXLRT_COMM_SLOT_BYTES", v, 4096, 1u << 30, &c.comm_slot_bytes);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (const char* v = getenv("CXLRT_COMM_P2P_BYTES"); v && *v) {
+    if (auto s = ParseUint("CXLRT_COMM_P2P_BYTES", v, 4096, 1u << 30, &c.comm_p2p_bytes); !s.ok()) {
+      return s;
+    }
+  }
+  if (const char* v = getenv("CXLRT_ALLREDUCE_ONESHOT_MAX"); v && *v) {
+    if (auto s = ParseUint("CXLRT_ALLREDUCE_ONESHOT_MAX", v, 0, 1u << 30, &c.allreduce_oneshot_max);
+        !s.ok()) {
+      return s;
+    }
   }
   return c;
 }

@@ -26,6 +26,10 @@ struct Config {
   std::string shm_dir = "/dev/shm";          // CXLRT_SHM_DIR
   std::string log_level = "warning";         // CXLRT_LOG_LEVEL
   std::string fault;                         // CXLRT_FAULT, "" none
+  uint32_t comm_timeout_ms = 60000;          // CXLRT_COMM_TIMEOUT_MS
+  uint32_t comm_slot_bytes = 1 << 20;        // CXLRT_COMM_SLOT_BYTES
+  uint32_t comm_p2p_bytes = 64 << 10;        // CXLRT_COMM_P2P_BYTES
+  uint32_t allreduce_oneshot_max = 64 << 10;  // CXLRT_ALLREDUCE_ONESHOT_MAX
 };
 
 struct ConfigVar {

@@ -46,6 +46,9 @@ constexpr FaultPointInfo kFaultPoints[] = {
      "a remote free wrote its ring entry; the ring head is not yet published"},
     {"alloc.recover.reclaimed",
      "recovery freed a dead arena's private blocks; its counters and rings are not yet done"},
+    {"coll.round.posted",
+     "a rank published its post of a collective round (data and descriptor); its round flag is "
+     "not yet stored"},
 };
 
 std::mutex g_mu;

@@ -1,0 +1,101 @@
+// The layout of a communicator in the pool: one named block per
+// communicator ("comm/NAME"), made by rank 0 and joined by the others.
+//
+//   CommHeaderLayout                      written by rank 0 once
+//   RankLayout[nranks]                    line 0: join; 1: done; 2-3: posts
+//   P2pLayout[nranks][nranks]             [s][d]: s writes line 0, d line 1
+//   data slots: [rank][2] x slot_bytes    written by their rank only
+//   p2p buffers: [s][d] x p2p_bytes       written by s only
+//
+// Every line has one writer; every flag is a monotonic 64-bit counter that
+// is never reset (MSCCL++-style): rounds and p2p sequence numbers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace cxlrt::collectives {
+
+inline constexpr uint64_t kCommMagic = 0x314d4354524c5843ull;  // "CXLRTCM1"
+inline constexpr uint32_t kCommVersion = 1;
+inline constexpr size_t kInlineBytes = 16;
+
+struct CommHeaderLayout {
+  uint64_t magic;  // published last
+  uint32_t version;
+  uint32_t nranks;
+  uint64_t slot_bytes;
+  uint64_t p2p_bytes;
+  uint64_t instance;  // random per creation: joins name it
+  uint32_t creator_slot;
+  uint32_t pad0;
+  uint64_t creator_epoch;
+  uint64_t slots_offset;  // from the block start
+  uint64_t p2p_offset;
+  uint32_t checksum;  // CRC32C over the bytes before it
+  uint32_t pad1;
+  uint8_t reserved[176];
+};
+static_assert(sizeof(CommHeaderLayout) == 256);
+
+enum class JoinState : uint64_t { kNone = 0, kJoined = 1, kLeft = 2, kAborted = 3 };
+
+struct JoinLayout {
+  uint64_t state;  // JoinState; the flag of this line
+  uint64_t instance;
+  uint64_t host_epoch;
+  uint32_t host_slot;
+  uint32_t pid;
+  uint8_t pad[32];
+};
+static_assert(sizeof(JoinLayout) == 64);
+
+// What a rank calls, published with each round so peers can check that
+// every rank runs the same call.
+struct CallDesc {
+  uint8_t kind = 0;  // CollKind
+  uint8_t type = 0;  // DataType
+  uint8_t op = 0;    // RedOp
+  uint8_t pad = 0;
+  int32_t root = -1;
+  uint64_t count = 0;
+  uint64_t call = 0;  // this rank's call number in the communicator
+  bool operator==(const CallDesc& o) const {
+    return kind == o.kind && type == o.type && op == o.op && root == o.root && count == o.count &&
+           call == o.call;
+  }
+};
+static_assert(sizeof(CallDesc) == 24);
+
+// A rank's part of one round: its bytes are inline (len <= kInlineBytes)
+// or at `data` in the pool (its slot, or its own buffer when zero-copy).
+struct PostLayout {
+  uint64_t round;  // the flag: stored last
+  CallDesc desc;
+  uint64_t data;
+  uint64_t len;
+  uint8_t inline_bytes[kInlineBytes];
+};
+static_assert(sizeof(PostLayout) == 64);
+
+struct RankLayout {
+  JoinLayout join;
+  uint64_t done;  // last round whose peers' bytes this rank has finished reading
+  uint8_t pad[56];
+  PostLayout post[2];  // by round parity
+};
+static_assert(sizeof(RankLayout) == 256);
+
+// Point-to-point channel s -> d: one buffer, one chunk in flight.
+struct P2pLayout {
+  uint64_t posted;  // s: chunks published so far
+  uint64_t bytes;   // this chunk's bytes
+  uint64_t total;   // elements of the whole Send
+  uint64_t type;    // DataType
+  uint8_t pad0[32];
+  uint64_t consumed;  // d: chunks read so far
+  uint8_t pad1[56];
+};
+static_assert(sizeof(P2pLayout) == 128);
+
+}  // namespace cxlrt::collectives

@@ -1,0 +1,197 @@
+#include "collectives/types.h"
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+
+namespace cxlrt::collectives {
+namespace {
+
+// bfloat16: the top half of an fp32; rounded to nearest even, NaN kept NaN.
+struct Bf16 {
+  uint16_t bits;
+};
+inline float ToFloat(Bf16 v) {
+  const uint32_t u = uint32_t{v.bits} << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline Bf16 ToBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return {static_cast<uint16_t>((u >> 16) | 0x40)};
+  u += 0x7fffu + ((u >> 16) & 1);
+  return {static_cast<uint16_t>(u >> 16)};
+}
+
+// How an element type is stored, accumulated and converted.
+template <typename T>
+struct Traits {
+  using Acc = T;
+  static Acc Load(T v) { return v; }
+  static T Store(Acc a) { return a; }
+};
+template <>
+struct Traits<_Float16> {
+  using Acc = float;
+  static Acc Load(_Float16 v) { return static_cast<float>(v); }
+  static _Float16 Store(Acc a) { return static_cast<_Float16>(a); }
+};
+template <>
+struct Traits<Bf16> {
+  using Acc = float;
+  static Acc Load(Bf16 v) { return ToFloat(v); }
+  static Bf16 Store(Acc a) { return ToBf16(a); }
+};
+
+template <typename A>
+inline A Apply(RedOp op, A x, A y) {
+  if constexpr (std::is_integral_v<A>) {
+    using U = std::make_unsigned_t<A>;  // wrap, never undefined
+    switch (op) {
+      case RedOp::kSum:
+      case RedOp::kAvg:
+        return static_cast<A>(static_cast<U>(x) + static_cast<U>(y));
+      case RedOp::kProd:
+        return static_cast<A>(static_cast<U>(x) * static_cast<U>(y));
+      case RedOp::kMin:
+        return std::min(x, y);
+      case RedOp::kMax:
+        return std::max(x, y);
+    }
+  } else {
+    switch (op) {
+      case RedOp::kSum:
+      case RedOp::kAvg:
+        return x + y;
+      case RedOp::kProd:
+        return x * y;
+      case RedOp::kMin:
+        return std::min(x, y);
+      case RedOp::kMax:
+        return std::max(x, y);
+    }
+  }
+  return x;
+}
+
+// One op over whole blocks, so the compiler vectorises the inner loops.
+template <typename T, RedOp kOp>
+void ReduceTyped(T* out, const void* const* srcs, int n, size_t count, int divisor) {
+  using Tr = Traits<T>;
+  using A = typename Tr::Acc;
+  constexpr size_t kBlock = 1024;
+  A acc[kBlock];
+  for (size_t at = 0; at < count; at += kBlock) {
+    const size_t m = std::min(kBlock, count - at);
+    const T* s0 = static_cast<const T*>(srcs[0]) + at;
+    for (size_t i = 0; i < m; ++i) acc[i] = Tr::Load(s0[i]);
+    for (int s = 1; s < n; ++s) {
+      const T* src = static_cast<const T*>(srcs[s]) + at;
+      for (size_t i = 0; i < m; ++i) acc[i] = Apply(kOp, acc[i], Tr::Load(src[i]));
+    }
+    if constexpr (kOp == RedOp::kAvg) {
+      for (size_t i = 0; i < m; ++i) acc[i] = static_cast<A>(acc[i] / static_cast<A>(divisor));
+    }
+    T* o = out + at;
+    for (size_t i = 0; i < m; ++i) o[i] = Tr::Store(acc[i]);
+  }
+}
+
+template <typename T>
+void ReduceOp(RedOp op, void* out, const void* const* srcs, int n, size_t count, int divisor) {
+  T* o = static_cast<T*>(out);
+  switch (op) {
+    case RedOp::kSum:
+      return ReduceTyped<T, RedOp::kSum>(o, srcs, n, count, divisor);
+    case RedOp::kProd:
+      return ReduceTyped<T, RedOp::kProd>(o, srcs, n, count, divisor);
+    case RedOp::kMin:
+      return ReduceTyped<T, RedOp::kMin>(o, srcs, n, count, divisor);
+    case RedOp::kMax:
+      return ReduceTyped<T, RedOp::kMax>(o, srcs, n, count, divisor);
+    case RedOp::kAvg:
+      return ReduceTyped<T, RedOp::kAvg>(o, srcs, n, count, divisor);
+  }
+}
+
+}  // namespace
+
+size_t SizeOf(DataType t) {
+  switch (t) {
+    case DataType::kInt8:
+    case DataType::kUint8:
+      return 1;
+    case DataType::kFloat16:
+    case DataType::kBfloat16:
+      return 2;
+    case DataType::kInt32:
+    case DataType::kUint32:
+    case DataType::kFloat32:
+      return 4;
+    case DataType::kInt64:
+    case DataType::kUint64:
+    case DataType::kFloat64:
+      return 8;
+  }
+  return 1;
+}
+
+const char* DataTypeName(DataType t) {
+  static const char* const kNames[] = {"int8",   "uint8",   "int32",    "uint32",  "int64",
+                                       "uint64", "float16", "bfloat16", "float32", "float64"};
+  return kNames[static_cast<int>(t)];
+}
+
+const char* RedOpName(RedOp op) {
+  static const char* const kNames[] = {"sum", "prod", "min", "max", "avg"};
+  return kNames[static_cast<int>(op)];
+}
+
+std::optional<DataType> ParseDataType(absl::string_view name) {
+  for (int i = 0; i < kNumDataTypes; ++i) {
+    if (name == DataTypeName(static_cast<DataType>(i))) return static_cast<DataType>(i);
+  }
+  if (name == "half" || name == "fp16") return DataType::kFloat16;
+  if (name == "bf16") return DataType::kBfloat16;
+  if (name == "float" || name == "fp32") return DataType::kFloat32;
+  if (name == "double" || name == "fp64") return DataType::kFloat64;
+  if (name == "int") return DataType::kInt32;
+  return std::nullopt;
+}
+
+std::optional<RedOp> ParseRedOp(absl::string_view name) {
+  for (int i = 0; i < kNumRedOps; ++i) {
+    if (name == RedOpName(static_cast<RedOp>(i))) return static_cast<RedOp>(i);
+  }
+  return std::nullopt;
+}
+
+void Reduce(DataType t, RedOp op, void* out, const void* const* srcs, int n, size_t count,
+            int avg_divisor) {
+  switch (t) {
+    case DataType::kInt8:
+      return ReduceOp<int8_t>(op, out, srcs, n, count, avg_divisor);
+    case DataType::kUint8:
+      return ReduceOp<uint8_t>(op, out, srcs, n, count, avg_divisor);
+    case DataType::kInt32:
+      return ReduceOp<int32_t>(op, out, srcs, n, count, avg_divisor);
+    case DataType::kUint32:
+      return ReduceOp<uint32_t>(op, out, srcs, n, count, avg_divisor);
+    case DataType::kInt64:
+      return ReduceOp<int64_t>(op, out, srcs, n, count, avg_divisor);
+    case DataType::kUint64:
+      return ReduceOp<uint64_t>(op, out, srcs, n, count, avg_divisor);
+    case DataType::kFloat16:
+      return ReduceOp<_Float16>(op, out, srcs, n, count, avg_divisor);
+    case DataType::kBfloat16:
+      return ReduceOp<Bf16>(op, out, srcs, n, count, avg_divisor);
+    case DataType::kFloat32:
+      return ReduceOp<float>(op, out, srcs, n, count, avg_divisor);
+    case DataType::kFloat64:
+      return ReduceOp<double>(op, out, srcs, n, count, avg_divisor);
+  }
+}
+
+}  // namespace cxlrt::collectives

@@ -1,0 +1,740 @@
+// Collectives across emulated hosts (forked processes): every collective x
+// type x op x size x rank count, out of place and in place, checked bit for
+// bit against a reference computed here element by element; pool-resident
+// (zero-copy) buffers; mismatched calls; a rank killed mid-collective;
+// timeouts; many back-to-back calls; two communicators at once; Send/Recv.
+// Both the hardware and the simulated coherence domain.
+#include "collectives/communicator.h"
+
+#include <sys/mman.h>
+
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "allocator/allocator.h"
+#include "gtest/gtest.h"
+#include "runtime/fault.h"
+#include "runtime/membership.h"
+#include "tests/testing/test_util.h"
+
+namespace cxlrt::collectives {
+namespace {
+
+using ::cxlrt::testing::OpenUri;
+using ::cxlrt::testing::PoolUri;
+using ::cxlrt::testing::Spawn;
+using ::cxlrt::testing::TempDir;
+using ::cxlrt::testing::WaitExit;
+using runtime::CoherenceDomain;
+
+// --- The reference: element by element, written apart from the kernels. ---
+
+uint16_t RefBf16(float f) {
+  // Nearest bfloat16, ties to even, by comparing the two candidates.
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t lo = u & 0xffff0000u, hi = lo + 0x10000u;
+  float flo, fhi;
+  std::memcpy(&flo, &lo, 4);
+  std::memcpy(&fhi, &hi, 4);
+  const double dlo = std::abs(double(f) - flo), dhi = std::abs(double(fhi) - f);
+  if (dlo < dhi || (dlo == dhi && ((lo >> 16) & 1) == 0)) return lo >> 16;
+  return hi >> 16;
+}
+float FromBf16(uint16_t b) {
+  const uint32_t u = uint32_t{b} << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Input element i of rank r, as a double (small integers and halves, so
+// sums stay exact; products of 16-bit floats round only at the end).
+double Value(DataType t, int r, size_t i) {
+  const long k = static_cast<long>((r * 131 + i * 7 + i / 5) % 9);
+  switch (t) {
+    case DataType::kUint8:
+    case DataType::kUint32:
+    case DataType::kUint64:
+      return static_cast<double>(k);  // 0..8
+    case DataType::kInt8:
+    case DataType::kInt32:
+    case DataType::kInt64:
+      return static_cast<double>(k - 4);
+    default:
+      return (k - 4) * 0.5;
+  }
+}
+
+void Store(DataType t, void* buf, size_t i, double v) {
+  auto* b = static_cast<uint8_t*>(buf);
+  switch (t) {
+    case DataType::kInt8:
+      reinterpret_cast<int8_t*>(b)[i] = static_cast<int8_t>(v);
+      break;
+    case DataType::kUint8:
+      b[i] = static_cast<uint8_t>(v);
+      break;
+    case DataType::kInt32:
+      reinterpret_cast<int32_t*>(b)[i] = static_cast<int32_t>(v);
+      break;
+    case DataType::kUint32:
+      reinterpret_cast<uint32_t*>(b)[i] = static_cast<uint32_t>(v);
+      break;
+    case DataType::kInt64:
+      reinterpret_cast<int64_t*>(b)[i] = static_cast<int64_t>(v);
+      break;
+    case DataType::kUint64:
+      reinterpret_cast<uint64_t*>(b)[i] = static_cast<uint64_t>(v);
+      break;
+    case DataType::kFloat16:
+      reinterpret_cast<_Float16*>(b)[i] = static_cast<_Float16>(static_cast<float>(v));
+      break;
+    case DataType::kBfloat16:
+      reinterpret_cast<uint16_t*>(b)[i] = RefBf16(static_cast<float>(v));
+      break;
+    case DataType::kFloat32:
+      reinterpret_cast<float*>(b)[i] = static_cast<float>(v);
+      break;
+    case DataType::kFloat64:
+      reinterpret_cast<double*>(b)[i] = v;
+      break;
+  }
+}
+
+// Reduction of element i over ranks 0..n-1 in order, stored at out[o].
+void RefReduce(DataType t, RedOp op, int n, size_t i, void* out, size_t o) {
+  auto fold = [&](auto acc, auto conv) {
+    using A = decltype(acc);
+    acc = conv(Value(t, 0, i));
+    for (int r = 1; r < n; ++r) {
+      const A v = conv(Value(t, r, i));
+      switch (op) {
+        case RedOp::kSum:
+        case RedOp::kAvg:
+          acc = acc + v;
+          break;
+        case RedOp::kProd:
+          acc = acc * v;
+          break;
+        case RedOp::kMin:
+          acc = v < acc ? v : acc;
+          break;
+        case RedOp::kMax:
+          acc = v > acc ? v : acc;
+          break;
+      }
+    }
+    if (op == RedOp::kAvg) acc = acc / static_cast<A>(n);
+    return acc;
+  };
+  auto* b = static_cast<uint8_t*>(out);
+  const bool is_signed = t == DataType::kInt8 || t == DataType::kInt32 || t == DataType::kInt64;
+  const int bits = t == DataType::kInt8 || t == DataType::kUint8     ? 8
+                   : t == DataType::kInt32 || t == DataType::kUint32 ? 32
+                                                                     : 64;
+  switch (t) {
+    case DataType::kFloat16: {
+      const float f = fold(0.0f, [&](double v) { return static_cast<float>(v); });
+      reinterpret_cast<_Float16*>(b)[o] = static_cast<_Float16>(f);
+      return;
+    }
+    case DataType::kBfloat16: {
+      const float f =
+          fold(0.0f, [&](double v) { return FromBf16(RefBf16(static_cast<float>(v))); });
+      reinterpret_cast<uint16_t*>(b)[o] = RefBf16(f);
+      return;
+    }
+    case DataType::kFloat32:
+      reinterpret_cast<float*>(b)[o] = fold(0.0f, [](double v) { return static_cast<float>(v); });
+      return;
+    case DataType::kFloat64:
+      reinterpret_cast<double*>(b)[o] = fold(0.0, [](double v) { return v; });
+      return;
+    default:
+      break;
+  }
+  // Integers: wrap-around arithmetic at the type's width (sum and prod),
+  // signed comparison for min and max, division toward zero for avg.
+  if (op == RedOp::kMin || op == RedOp::kMax || op == RedOp::kAvg) {
+    if (op == RedOp::kAvg) {
+      // avg = (wrapped sum) / n: the sum is small here, so no wrap happens.
+      long long s = 0;
+      for (int r = 0; r < n; ++r) s += static_cast<long long>(Value(t, r, i));
+      Store(t, out, o, static_cast<double>(s / n));
+      return;
+    }
+    double m = Value(t, 0, i);
+    for (int r = 1; r < n; ++r) {
+      const double v = Value(t, r, i);
+      m = op == RedOp::kMin ? std::min(m, v) : std::max(m, v);
+    }
+    Store(t, out, o, m);
+    return;
+  }
+  uint64_t acc = static_cast<uint64_t>(static_cast<int64_t>(Value(t, 0, i)));
+  for (int r = 1; r < n; ++r) {
+    const uint64_t v = static_cast<uint64_t>(static_cast<int64_t>(Value(t, r, i)));
+    acc = op == RedOp::kProd ? acc * v : acc + v;
+  }
+  if (bits < 64) acc &= (uint64_t{1} << bits) - 1;
+  (void)is_signed;  // the low bits are the same for signed and unsigned
+  std::memcpy(b + o * SizeOf(t), &acc, SizeOf(t));  // little-endian: the low bytes
+}
+
+// --- One rank's run of a case. ---
+
+struct Case {
+  CollKind kind;
+  DataType type;
+  RedOp op;
+  size_t count;  // NCCL's count argument of the call
+  int root;
+  bool in_place;
+  bool in_pool;  // buffers from comm.Allocate (zero-copy)
+};
+
+std::string Name(const Case& c) {
+  return absl::StrCat(CollKindName(c.kind), "(", c.count, " ", DataTypeName(c.type), " ",
+                      RedOpName(c.op), " root ", c.root, c.in_place ? " in place" : "",
+                      c.in_pool ? " pool-resident" : "", ")");
+}
+
+// Elements of the send and receive buffers of `c` at a rank of n.
+std::pair<size_t, size_t> Sizes(const Case& c, int n) {
+  switch (c.kind) {
+    case CollKind::kAllReduce:
+    case CollKind::kBroadcast:
+    case CollKind::kReduce:
+      return {c.count, c.count};
+    case CollKind::kReduceScatter:
+      return {c.count * n, c.count};
+    case CollKind::kAllGather:
+    case CollKind::kGather:
+      return {c.count, c.count * n};
+    case CollKind::kScatter:
+      return {c.count * n, c.count};
+    case CollKind::kAllToAll:
+      return {c.count * n, c.count * n};
+    case CollKind::kBarrier:
+      return {0, 0};
+  }
+  return {0, 0};
+}
+
+// Runs `c` on `comm` and checks the result. Returns "" or what was wrong.
+std::string RunCase(Communicator& comm, const Case& c) {
+  const int n = comm.size(), r = comm.rank();
+  const size_t es = SizeOf(c.type);
+  auto [scount, rcount] = Sizes(c, n);
+  // In place: one buffer, as big as the larger side.
+  const size_t big = std::max(scount, rcount);
+  std::vector<uint8_t> own_send, own_recv;
+  uint8_t *send = nullptr, *recv = nullptr;
+  std::vector<void*> pool_bufs;
+  auto buffer = [&](size_t elems, std::vector<uint8_t>& own) -> uint8_t* {
+    if (c.in_pool) {
+      auto p = comm.Allocate(std::max<size_t>(elems * es, 1));
+      if (!p.ok()) return nullptr;
+      pool_bufs.push_back(*p);
+      return static_cast<uint8_t*>(*p);
+    }
+    own.assign(std::max<size_t>(elems * es, 1), 0xEE);
+    return own.data();
+  };
+  if (c.in_place) {
+    recv = buffer(big, own_recv);
+    if (!recv) return "allocating a pool buffer failed";
+    std::memset(recv, 0xEE, big * es);
+    // NCCL's in-place conventions.
+    size_t at = 0;
+    if (c.kind == CollKind::kAllGather || c.kind == CollKind::kGather) at = r * c.count;
+    send = recv + at * es;
+    if (c.kind == CollKind::kReduceScatter || c.kind == CollKind::kScatter) {
+      recv = send + r * c.count * es;
+    }
+  } else {
+    send = buffer(scount, own_send);
+    recv = buffer(rcount, own_recv);
+    if (!send || !recv) return "allocating a pool buffer failed";
+    std::memset(recv, 0xEE, std::max<size_t>(rcount * es, 1));
+  }
+  // Inputs: element i of rank r's send buffer is Value(r, i) (for Scatter
+  // only the root's matters; for rooted collectives the same values).
+  for (size_t i = 0; i < scount; ++i) Store(c.type, send, i, Value(c.type, r, i));
+
+  absl::Status s;
+  switch (c.kind) {
+    case CollKind::kAllReduce:
+      s = comm.AllReduce(send, recv, c.count, c.type, c.op);
+      break;
+    case CollKind::kReduceScatter:
+      s = comm.ReduceScatter(send, recv, c.count, c.type, c.op);
+      break;
+    case CollKind::kAllGather:
+      s = comm.AllGather(send, recv, c.count, c.type);
+      break;
+    case CollKind::kBroadcast:
+      s = comm.Broadcast(send, recv, c.count, c.type, c.root);
+      break;
+    case CollKind::kReduce:
+      s = comm.Reduce(send, recv, c.count, c.type, c.op, c.root);
+      break;
+    case CollKind::kGather:
+      s = comm.Gather(send, recv, c.count, c.type, c.root);
+      break;
+    case CollKind::kScatter:
+      s = comm.Scatter(send, recv, c.count, c.type, c.root);
+      break;
+    case CollKind::kAllToAll:
+      s = comm.AllToAll(send, recv, c.count, c.type);
+      break;
+    case CollKind::kBarrier:
+      s = comm.Barrier();
+      break;
+  }
+  if (!s.ok()) return absl::StrCat(Name(c), " at rank ", r, ": ", s.ToString());
+
+  // Expected receive buffer.
+  std::vector<uint8_t> want(std::max<size_t>(rcount * es, 1), 0xEE);
+  bool check = true;
+  switch (c.kind) {
+    case CollKind::kAllReduce:
+      for (size_t i = 0; i < c.count; ++i) RefReduce(c.type, c.op, n, i, want.data(), i);
+      break;
+    case CollKind::kReduceScatter:
+      for (size_t i = 0; i < c.count; ++i) {
+        RefReduce(c.type, c.op, n, r * c.count + i, want.data(), i);
+      }
+      break;
+    case CollKind::kAllGather:
+      for (int j = 0; j < n; ++j) {
+        for (size_t i = 0; i < c.count; ++i) {
+          Store(c.type, want.data(), j * c.count + i, Value(c.type, j, i));
+        }
+      }
+      break;
+    case CollKind::kBroadcast:
+      for (size_t i = 0; i < c.count; ++i) Store(c.type, want.data(), i, Value(c.type, c.root, i));
+      break;
+    case CollKind::kReduce:
+      check = r == c.root;
+      for (size_t i = 0; i < c.count; ++i) RefReduce(c.type, c.op, n, i, want.data(), i);
+      break;
+    case CollKind::kGather:
+      check = r == c.root;
+      for (int j = 0; j < n; ++j) {
+        for (size_t i = 0; i < c.count; ++i) {
+          Store(c.type, want.data(), j * c.count + i, Value(c.type, j, i));
+        }
+      }
+      break;
+    case CollKind::kScatter:
+      for (size_t i = 0; i < c.count; ++i) {
+        Store(c.type, want.data(), i, Value(c.type, c.root, r * c.count + i));
+      }
+      break;
+    case CollKind::kAllToAll:
+      for (int j = 0; j < n; ++j) {
+        for (size_t i = 0; i < c.count; ++i) {
+          Store(c.type, want.data(), j * c.count + i, Value(c.type, j, r * c.count + i));
+        }
+      }
+      break;
+    case CollKind::kBarrier:
+      check = false;
+      break;
+  }
+  std::string err;
+  if (check && rcount > 0 && std::memcmp(want.data(), recv, rcount * es) != 0) {
+    size_t bad = 0;
+    while (bad < rcount * es && want[bad] == recv[bad]) ++bad;
+    err = absl::StrCat(Name(c), " at rank ", r, " of ", n, ": wrong byte ", bad, " (element ",
+                       bad / es, "): got 0x", absl::Hex(recv[bad]), ", want 0x",
+                       absl::Hex(want[bad]));
+  }
+  for (void* p : pool_bufs) (void)comm.Free(p);
+  return err;
+}
+
+// --- Running ranks as processes. ---
+
+struct RankHost {
+  std::unique_ptr<runtime::Pool> pool;
+  std::unique_ptr<runtime::Membership> membership;
+  std::unique_ptr<allocator::Allocator> alloc;
+};
+
+absl::StatusOr<RankHost> OpenRankHost(const std::string& uri) {
+  RankHost h;
+  auto pool = runtime::Pool::Open(uri);
+  if (!pool.ok()) return pool.status();
+  h.pool = std::move(*pool);
+  runtime::AttachOptions ao;
+  ao.host_id = -1;
+  ao.lease = absl::Milliseconds(1000);
+  ao.heartbeat = absl::Milliseconds(50);
+  auto m = runtime::Membership::Attach(*h.pool, ao);
+  if (!m.ok()) return m.status();
+  h.membership = std::move(*m);
+  auto a = allocator::Allocator::Open(*h.pool, *h.membership);
+  if (!a.ok()) return a.status();
+  h.alloc = std::move(*a);
+  return h;
+}
+
+class CollectivesTest : public ::testing::TestWithParam<CoherenceDomain> {
+ protected:
+  void SetUp() override {
+    create_ =
+        PoolUri(dir_, absl::StrCat("coherence=", runtime::CoherenceDomainName(GetParam())), "512M");
+    auto p = runtime::Pool::Create(create_);
+    ASSERT_TRUE(p.ok()) << p.status();
+    uri_ = OpenUri(create_);
+    // Children report their first failure here.
+    errors_ = static_cast<char*>(
+        mmap(nullptr, kErrBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+    ASSERT_NE(errors_, MAP_FAILED);
+  }
+  void TearDown() override { munmap(errors_, kErrBytes); }
+
+  // Runs `body(comm, alloc)` in `n` rank processes over one communicator;
+  // fails the test with a rank's error text. `body` returns "" for
+  // success; rank r must exit with `expect_rc(r)` (0 by default).
+  using Body = std::function<std::string(Communicator&, allocator::Allocator&)>;
+  void RunRanks(int n, const Body& body, absl::Duration timeout = absl::Seconds(240),
+                const CommOptions& options = {}, const std::string& name = "test",
+                const std::function<int(int)>& expect_rc = nullptr) {
+    std::memset(errors_, 0, kErrBytes);
+    std::vector<pid_t> pids;
+    for (int r = 0; r < n; ++r) {
+      pids.push_back(Spawn([&, r]() -> int {
+        auto h = OpenRankHost(uri_);
+        std::string err;
+        if (!h.ok()) {
+          err = h.status().ToString();
+        } else {
+          auto comm = Communicator::Create(*h->alloc, name, n, r, options);
+          if (!comm.ok()) {
+            err = comm.status().ToString();
+          } else {
+            err = body(**comm, *h->alloc);
+            if (err.empty()) {
+              absl::Status d = (*comm)->Destroy();
+              if (!d.ok()) err = "Destroy: " + d.ToString();
+            }
+          }
+        }
+        if (err.empty()) return 0;
+        std::snprintf(errors_ + r * kErrPerRank, kErrPerRank - 1, "rank %d: %s", r, err.c_str());
+        return 1;
+      }));
+    }
+    for (int r = 0; r < n; ++r) {
+      const int rc = WaitExit(pids[r], timeout);
+      EXPECT_EQ(rc, expect_rc ? expect_rc(r) : 0)
+          << "rank " << r << " exit " << rc << ": " << errors_ + r * kErrPerRank;
+    }
+  }
+
+  static constexpr size_t kErrPerRank = 1024;
+  static constexpr size_t kErrBytes = 8 * kErrPerRank;
+  TempDir dir_;
+  std::string create_, uri_;
+  char* errors_ = nullptr;
+};
+
+std::vector<CollKind> AllKinds() {
+  return {CollKind::kAllReduce, CollKind::kReduceScatter, CollKind::kAllGather,
+          CollKind::kBroadcast, CollKind::kReduce,        CollKind::kGather,
+          CollKind::kScatter,   CollKind::kAllToAll,      CollKind::kBarrier};
+}
+bool Reduces(CollKind k) {
+  return k == CollKind::kAllReduce || k == CollKind::kReduce || k == CollKind::kReduceScatter;
+}
+bool Rooted(CollKind k) {
+  return k == CollKind::kBroadcast || k == CollKind::kReduce || k == CollKind::kGather ||
+         k == CollKind::kScatter;
+}
+
+// Every collective x type x op at small counts (0, 1, odd, not divisible by
+// the rank count), out of place and in place; then large messages (1 MiB
+// and 16 MiB) for a few types, which cross the one-shot / two-shot switch
+// and the slot-size chunking; then pool-resident buffers.
+std::vector<Case> Matrix(int n, bool full) {
+  std::vector<Case> cases;
+  const size_t small[] = {0, 1, 7, 1001};
+  for (CollKind k : AllKinds()) {
+    for (int t = 0; t < kNumDataTypes; ++t) {
+      const auto type = static_cast<DataType>(t);
+      const int ops = Reduces(k) ? kNumRedOps : 1;
+      for (int o = 0; o < ops; ++o) {
+        for (size_t count : small) {
+          if (!full && count != 1001 && !(count == 1 && t == 0)) continue;
+          for (bool in_place : {false, true}) {
+            const int root = Rooted(k) ? static_cast<int>(count % n) : -1;
+            cases.push_back({k, type, static_cast<RedOp>(o), count, root, in_place, false});
+          }
+        }
+        if (k == CollKind::kBarrier) break;
+      }
+      if (k == CollKind::kBarrier) break;
+    }
+  }
+  struct Big {
+    DataType type;
+    RedOp op;
+  };
+  const std::vector<Big> bigs = full ? std::vector<Big>{{DataType::kFloat32, RedOp::kSum},
+                                                        {DataType::kBfloat16, RedOp::kAvg},
+                                                        {DataType::kInt8, RedOp::kMax}}
+                                     : std::vector<Big>{{DataType::kFloat32, RedOp::kSum}};
+  for (size_t bytes : {size_t{1} << 20, size_t{16} << 20}) {
+    if (!full && bytes > (1u << 20)) continue;
+    for (CollKind k : AllKinds()) {
+      if (k == CollKind::kBarrier) continue;
+      for (const Big& b : bigs) {
+        if (!Reduces(k) && b.op != bigs[0].op) continue;
+        // Per-rank counts for the scattering collectives, so every buffer
+        // stays near `bytes`.
+        size_t count = bytes / SizeOf(b.type);
+        if (k == CollKind::kReduceScatter || k == CollKind::kAllGather || k == CollKind::kGather ||
+            k == CollKind::kScatter || k == CollKind::kAllToAll) {
+          count = count / n + 3;
+        }
+        cases.push_back({k, b.type, b.op, count + 1, Rooted(k) ? n - 1 : -1, false, false});
+        if (k == CollKind::kAllReduce) {
+          cases.push_back({k, b.type, b.op, count, -1, true, false});
+        }
+      }
+    }
+  }
+  // Zero-copy: one-shot and two-shot all-reduce, all-gather, broadcast.
+  for (bool in_place : {false, true}) {
+    cases.push_back(
+        {CollKind::kAllReduce, DataType::kFloat32, RedOp::kSum, 1000, -1, in_place, true});
+    cases.push_back({CollKind::kAllReduce, DataType::kFloat32, RedOp::kSum, (4u << 20) / 4 + 5, -1,
+                     in_place, true});
+  }
+  cases.push_back({CollKind::kAllGather, DataType::kFloat32, RedOp::kSum, 100000, -1, false, true});
+  cases.push_back({CollKind::kBroadcast, DataType::kFloat64, RedOp::kSum, 300000, 0, false, true});
+  return cases;
+}
+
+std::string RunAll(Communicator& comm, const std::vector<Case>& cases) {
+  for (const Case& c : cases) {
+    std::string err = RunCase(comm, c);
+    if (!err.empty()) return err;
+  }
+  return "";
+}
+
+TEST_P(CollectivesTest, EveryCollectiveTypeOpAndSizeIsExactOnOneToFourRanks) {
+  const bool full = GetParam() == CoherenceDomain::kHardware;
+  for (int n : {1, 2, 3, 4}) {
+    SCOPED_TRACE(absl::StrCat(n, " ranks"));
+    const auto cases = Matrix(n, full);
+    RunRanks(n, [&](Communicator& comm, allocator::Allocator&) { return RunAll(comm, cases); });
+    if (HasFailure()) return;
+  }
+}
+
+TEST_P(CollectivesTest, EightRanksOnTwoCoresCompleteEveryCollective) {
+  // More ranks than cores: waits must yield, nobody livelocks.
+  const auto cases = Matrix(8, false);
+  RunRanks(8, [&](Communicator& comm, allocator::Allocator&) { return RunAll(comm, cases); });
+}
+
+TEST_P(CollectivesTest, SmallSlotsPipelineLargeMessagesThroughManyChunks) {
+  CommOptions o;
+  o.slot_bytes = 4096;
+  o.oneshot_max = 256;
+  std::vector<Case> cases;
+  for (CollKind k : AllKinds()) {
+    cases.push_back({k, DataType::kFloat32, RedOp::kSum, 5000, Rooted(k) ? 1 : -1, false, false});
+  }
+  cases.push_back({CollKind::kAllReduce, DataType::kFloat16, RedOp::kProd, 7777, -1, true, false});
+  RunRanks(
+      3, [&](Communicator& comm, allocator::Allocator&) { return RunAll(comm, cases); },
+      absl::Seconds(120), o);
+}
+
+TEST_P(CollectivesTest, AMismatchedCallIsAnErrorOnEveryRankNamingBoth) {
+  RunRanks(2, [](Communicator& comm, allocator::Allocator&) -> std::string {
+    std::vector<float> a(2048, 1.0f), b(2048);
+    const size_t count = comm.rank() == 0 ? 1024 : 2048;
+    absl::Status s = comm.AllReduce(a.data(), b.data(), count, DataType::kFloat32, RedOp::kSum);
+    if (s.code() != absl::StatusCode::kInvalidArgument) return "no mismatch: " + s.ToString();
+    const std::string msg(s.message());
+    if (msg.find("count=1024") == std::string::npos ||
+        msg.find("count=2048") == std::string::npos || msg.find("rank 0") == std::string::npos ||
+        msg.find("rank 1") == std::string::npos) {
+      return "the message does not name both calls and ranks: " + msg;
+    }
+    s = comm.Barrier();
+    if (s.code() != absl::StatusCode::kFailedPrecondition) {
+      return "an aborted communicator ran a call: " + s.ToString();
+    }
+    return "";
+  });
+  // Different collectives, too.
+  RunRanks(
+      3,
+      [](Communicator& comm, allocator::Allocator&) -> std::string {
+        std::vector<int32_t> a(10, 1), b(30);
+        absl::Status s = comm.rank() == 2
+                             ? comm.AllGather(a.data(), b.data(), 10, DataType::kInt32)
+                             : comm.Broadcast(a.data(), b.data(), 10, DataType::kInt32, 0);
+        if (s.code() != absl::StatusCode::kInvalidArgument) return "no mismatch: " + s.ToString();
+        if (std::string(s.message()).find("AllGather") == std::string::npos) {
+          return "does not name the other call: " + s.ToString();
+        }
+        return "";
+      },
+      absl::Seconds(60), {}, "mixed");
+}
+
+TEST_P(CollectivesTest, ARankKilledMidCollectiveAbortsTheOthersNamingIt) {
+  // Rank 1 dies at its third round post; the others get kAborted naming
+  // it within its lease (1 s), far before the 30 s timeout.
+  CommOptions o;
+  o.timeout = absl::Seconds(30);
+  RunRanks(
+      3,
+      [](Communicator& comm, allocator::Allocator&) -> std::string {
+        if (comm.rank() == 1) {
+          absl::Status armed = runtime::ArmFaults("coll.round.posted:crash:3");
+          if (!armed.ok()) return armed.ToString();
+        }
+        std::vector<float> a(1000, 1.0f), b(1000);
+        const absl::Time start = absl::Now();
+        absl::Status s;
+        for (int i = 0; i < 10 && s.ok(); ++i) {
+          s = comm.AllReduce(a.data(), b.data(), 1000, DataType::kFloat32, RedOp::kSum);
+        }
+        if (comm.rank() == 1) return "rank 1 survived its crash point";
+        if (s.code() != absl::StatusCode::kAborted) return "not aborted: " + s.ToString();
+        if (std::string(s.message()).find("rank 1") == std::string::npos) {
+          return "does not name rank 1: " + s.ToString();
+        }
+        if (absl::Now() - start > absl::Seconds(10)) return "took too long to notice";
+        comm.Abort();
+        return "";
+      },
+      absl::Seconds(60), o, "killed", [](int r) { return r == 1 ? runtime::kFaultExitCode : 0; });
+}
+
+TEST_P(CollectivesTest, AMissingRankTimesOutWithADeadline) {
+  CommOptions o;
+  o.timeout = absl::Milliseconds(500);
+  RunRanks(
+      2,
+      [](Communicator& comm, allocator::Allocator&) -> std::string {
+        if (comm.rank() == 1) {
+          absl::SleepFor(absl::Seconds(2));  // never calls; stays alive
+          comm.Abort();
+          return "";
+        }
+        int32_t x = 1, y = 0;
+        absl::Status s = comm.AllReduce(&x, &y, 1, DataType::kInt32, RedOp::kSum);
+        if (s.code() != absl::StatusCode::kDeadlineExceeded) return "no deadline: " + s.ToString();
+        comm.Abort();
+        return "";
+      },
+      absl::Seconds(60), o, "late");
+}
+
+TEST_P(CollectivesTest, ManyBackToBackCallsTwoCommunicatorsAndSendRecv) {
+  // Thousands of tiny all-reduces (inline rounds, sequence numbers far past
+  // the two slots), a second communicator over the same ranks with calls
+  // interleaved, and a ring of Send/Recv larger than the p2p buffer.
+  RunRanks(
+      3,
+      [](Communicator& comm, allocator::Allocator& alloc) -> std::string {
+        auto other = Communicator::Create(alloc, "second", comm.size(), comm.rank());
+        if (!other.ok()) return "second communicator: " + other.status().ToString();
+        const int n = comm.size(), r = comm.rank();
+        for (int i = 0; i < 3000; ++i) {
+          int64_t x = r + i, y = 0;
+          absl::Status s = comm.AllReduce(&x, &y, 1, DataType::kInt64, RedOp::kSum);
+          if (!s.ok()) return s.ToString();
+          if (y != int64_t{n} * i + n * (n - 1) / 2) return absl::StrCat("call ", i, ": got ", y);
+          if (i % 100 == 0) {
+            double d = r, m = 0;
+            s = (*other)->AllReduce(&d, &m, 1, DataType::kFloat64, RedOp::kMax);
+            if (!s.ok() || m != n - 1) return "second communicator: " + s.ToString();
+          }
+        }
+        std::vector<uint32_t> out(100000), in(100000);
+        for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<uint32_t>(r * 1000003 + i);
+        const int to = (r + 1) % n, from = (r + n - 1) % n;
+        // Even ranks send first, odd ones receive first: no cycle of blocked sends.
+        for (int step = 0; step < 2; ++step) {
+          absl::Status s = (r % 2 == step)
+                               ? comm.Send(out.data(), out.size(), DataType::kUint32, to)
+                               : comm.Recv(in.data(), in.size(), DataType::kUint32, from);
+          if (!s.ok()) return s.ToString();
+        }
+        for (size_t i = 0; i < in.size(); ++i) {
+          if (in[i] != static_cast<uint32_t>(from * 1000003 + i)) {
+            return absl::StrCat("Recv from ", from, ": element ", i, " is ", in[i]);
+          }
+        }
+        absl::Status s = (*other)->Destroy();
+        return s.ok() ? "" : s.ToString();
+      },
+      absl::Seconds(120), {}, "many");
+}
+
+TEST_P(CollectivesTest, ASendMeetingARecvOfAnotherSizeIsAnError) {
+  RunRanks(
+      2,
+      [](Communicator& comm, allocator::Allocator&) -> std::string {
+        std::vector<float> v(100);
+        absl::Status s = comm.rank() == 0 ? comm.Send(v.data(), 100, DataType::kFloat32, 1)
+                                          : comm.Recv(v.data(), 50, DataType::kFloat32, 0);
+        if (comm.rank() == 1) {
+          if (s.code() != absl::StatusCode::kInvalidArgument ||
+              std::string(s.message()).find("count=100") == std::string::npos) {
+            return "no mismatch: " + s.ToString();
+          }
+        } else if (!s.ok()) {
+          return "send: " + s.ToString();
+        }
+        comm.Abort();
+        return "";
+      },
+      absl::Seconds(60), {}, "p2p");
+}
+
+TEST_P(CollectivesTest, BadArgumentsAreRefusedWithoutTouchingTheCommunicator) {
+  RunRanks(
+      1,
+      [](Communicator& comm, allocator::Allocator& alloc) -> std::string {
+        float x = 0;
+        absl::Status s = comm.Broadcast(&x, &x, 1, DataType::kFloat32, 5);
+        if (s.code() != absl::StatusCode::kInvalidArgument) return "root 5: " + s.ToString();
+        s = comm.Send(&x, 1, DataType::kFloat32, 0);
+        if (s.code() != absl::StatusCode::kInvalidArgument) return "send to self: " + s.ToString();
+        auto dup = Communicator::Create(alloc, "test", 1, 0);
+        if (dup.status().code() != absl::StatusCode::kAlreadyExists) {
+          return "a second communicator of a live name: " + dup.status().ToString();
+        }
+        auto bad = Communicator::Create(alloc, "x", 2, 2);
+        if (bad.status().code() != absl::StatusCode::kInvalidArgument)
+          return bad.status().ToString();
+        s = comm.AllReduce(&x, &x, 1, DataType::kFloat32, RedOp::kSum);
+        return s.ok() ? "" : "the communicator broke: " + s.ToString();
+      },
+      absl::Seconds(60), {}, "test");
+}
+
+INSTANTIATE_TEST_SUITE_P(Domains, CollectivesTest,
+                         ::testing::Values(CoherenceDomain::kHardware,
+                                           CoherenceDomain::kSimulated));
+
+}  // namespace
+}  // namespace cxlrt::collectives
