@@ -21,6 +21,9 @@ namespace {
 using runtime::PoolOffset;
 
 constexpr uint64_t kAlign = 4096;
+// Data-path waits yield (rather than sleep) this long: a peer is normally
+// microseconds away, and a sleep overshoots by tens of them.
+constexpr absl::Duration kYieldFor = absl::Milliseconds(20);
 
 uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -323,7 +326,9 @@ absl::Status Communicator::Join() {
     if (j == rank_) continue;
     absl::Status s = runtime::WaitUntil(
         [&] {
-          if (c_.LoadFlag(RankAt(j)) != static_cast<uint64_t>(JoinState::kJoined)) return false;
+          // Joined, or joined and already gone (aborted or left: the first
+          // wait of a call reports it).
+          if (c_.LoadFlag(RankAt(j)) == static_cast<uint64_t>(JoinState::kNone)) return false;
           peers_[j] = c_.FetchObject<JoinLayout>(RankAt(j));
           return peers_[j].instance == instance_;
         },
@@ -451,7 +456,7 @@ absl::Status Communicator::AwaitPeersDone(uint64_t round) {
     const PoolOffset done = RankAt(j) + offsetof(RankLayout, done);
     if (c_.LoadFlag(done) >= round) continue;
     absl::Status s = runtime::WaitUntil([&] { return c_.LoadFlag(done) >= round; }, deadline_,
-                                        "a peer to finish reading", watch_.get());
+                                        "a peer to finish reading", watch_.get(), kYieldFor);
     if (!s.ok()) {
       return Fail(
           absl::Status(s.code(), absl::StrCat(name_, " rank ", rank_, " in ", Describe(desc_),
@@ -461,29 +466,39 @@ absl::Status Communicator::AwaitPeersDone(uint64_t round) {
   return absl::OkStatus();
 }
 
+absl::Status Communicator::CheckPost(int j, uint64_t round) {
+  posts_[j] = c_.FetchObject<PostLayout>(PostAt(j, round));
+  if (posts_[j].round == round && posts_[j].desc == desc_) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      posts_[j].round != round
+          ? absl::StrCat("rank ", rank_, " of ", name_, " is at round ", round, " of ",
+                         Describe(desc_), " but rank ", j, " is at round ", posts_[j].round, " (",
+                         Describe(posts_[j].desc), ")")
+          : absl::StrCat("rank ", rank_, " called ", Describe(desc_), " but rank ", j, " called ",
+                         Describe(posts_[j].desc), " on ", name_));
+}
+
 absl::Status Communicator::WaitPosted(uint64_t round) {
   for (int j = 0; j < nranks_; ++j) {
     if (j == rank_) continue;
     const PoolOffset at = PostAt(j, round);
     auto ready = [&] { return c_.LoadFlag(at) >= round; };
     if (!ready()) {
-      absl::Status s = runtime::WaitUntil(ready, deadline_, "a peer's post", watch_.get());
+      absl::Status s =
+          runtime::WaitUntil(ready, deadline_, "a peer's post", watch_.get(), kYieldFor);
       if (!s.ok()) {
+        // A peer that saw a mismatched call aborts; a rank waiting on another
+        // peer meanwhile reports the mismatch too when the posts show it.
+        for (int k = 0; k < nranks_; ++k) {
+          if (k == rank_ || c_.LoadFlag(PostAt(k, round)) != round) continue;
+          if (absl::Status m = CheckPost(k, round); !m.ok()) return Fail(m);
+        }
         return Fail(
             absl::Status(s.code(), absl::StrCat(name_, " rank ", rank_, " in ", Describe(desc_),
                                                 ": waiting for rank ", j, ": ", s.message())));
       }
     }
-    posts_[j] = c_.FetchObject<PostLayout>(at);
-    if (posts_[j].round != round || !(posts_[j].desc == desc_)) {
-      return Fail(absl::InvalidArgumentError(
-          posts_[j].round != round
-              ? absl::StrCat("rank ", rank_, " of ", name_, " is at round ", round, " of ",
-                             Describe(desc_), " but rank ", j, " is at round ", posts_[j].round,
-                             " (", Describe(posts_[j].desc), ")")
-              : absl::StrCat("rank ", rank_, " called ", Describe(desc_), " but rank ", j,
-                             " called ", Describe(posts_[j].desc), " on ", name_)));
-    }
+    if (absl::Status m = CheckPost(j, round); !m.ok()) return Fail(m);
   }
   return absl::OkStatus();
 }
@@ -494,26 +509,21 @@ absl::Status Communicator::Exchange(const std::vector<Piece>& pieces) {
   PostLayout post = {};
   post.desc = desc_;
   size_t len = 0;
-  for (const Piece& p : pieces) len += p.len;
+  for (const Piece& p : pieces) len = std::max(len, (p.at == kNext ? len : p.at) + p.len);
   post.len = len;
-  if (len <= kInlineBytes) {
-    size_t at = 0;
-    for (const Piece& p : pieces) {
-      if (p.len) std::memcpy(post.inline_bytes + at, p.data, p.len);
-      at += p.len;
-    }
-  } else {
-    if (len > slot_bytes_) {
-      return Fail(absl::InternalError(absl::StrCat("round of ", len, " bytes > slot")));
-    }
-    const PoolOffset slot = SlotAt(rank_, round);
-    size_t at = 0;
-    for (const Piece& p : pieces) {
-      c_.CopyToPool(slot + at, p.data, p.len);
-      at += p.len;
-    }
-    post.data = slot;
+  if (len > std::max<size_t>(slot_bytes_, kInlineBytes)) {
+    return Fail(absl::InternalError(absl::StrCat("a round of ", len, " bytes > the slot")));
   }
+  uint8_t* inline_at = len <= kInlineBytes ? post.inline_bytes : nullptr;
+  const PoolOffset slot = SlotAt(rank_, round);
+  size_t at = 0;
+  for (const Piece& p : pieces) {
+    if (p.at != kNext) at = p.at;
+    if (p.len && inline_at) std::memcpy(inline_at + at, p.data, p.len);
+    if (p.len && !inline_at) c_.CopyToPool(slot + at, p.data, p.len);
+    at += p.len;
+  }
+  if (!inline_at) post.data = slot;
   const PoolOffset line = PostAt(rank_, round);
   c_.Publish(line + 8, reinterpret_cast<const uint8_t*>(&post) + 8, sizeof(post) - 8);
   CXLRT_FAULT_POINT("coll.round.posted");
@@ -596,7 +606,10 @@ absl::Status Communicator::AllReduce(const void* send, void* recv, size_t count,
     if (zc) {
       CXLRT_RETURN_IF_ERROR(ExchangeInPlace(*zc_in + first * es, m * es));
     } else {
-      CXLRT_RETURN_IF_ERROR(Exchange({{in + first * es, m * es}}));
+      // Peers read every shard but ours: ours stays out of the pool.
+      const uint8_t* chunk = in + first * es;
+      CXLRT_RETURN_IF_ERROR(
+          Exchange({{chunk, lo * es, 0}, {chunk + hi * es, (m - hi) * es, hi * es}}));
     }
     for (int j = 0; j < nranks_; ++j) {
       srcs[j] = (j == rank_ ? in + first * es : PeerBytes(j)) + lo * es;
@@ -824,7 +837,7 @@ absl::Status Communicator::Send(const void* buf, size_t count, DataType type, in
     const size_t len = std::min<size_t>(p2p_bytes_, bytes - at);
     const uint64_t seq = ++sent_[peer];
     absl::Status s = runtime::WaitUntil([&] { return c_.LoadFlag(consumed) + 1 >= seq; }, deadline_,
-                                        "the receiver", watch_.get());
+                                        "the receiver", watch_.get(), kYieldFor);
     if (!s.ok()) {
       return Fail(absl::Status(s.code(), absl::StrCat("Send from rank ", rank_, " to rank ", peer,
                                                       " of ", name_, ": ", s.message())));
@@ -857,7 +870,7 @@ absl::Status Communicator::Recv(void* buf, size_t count, DataType type, int peer
     const size_t len = std::min<size_t>(p2p_bytes_, bytes - at);
     const uint64_t seq = ++received_[peer];
     absl::Status s = runtime::WaitUntil([&] { return c_.LoadFlag(line) >= seq; }, deadline_,
-                                        "the sender", watch_.get());
+                                        "the sender", watch_.get(), kYieldFor);
     if (!s.ok()) {
       return Fail(absl::Status(s.code(), absl::StrCat("Recv at rank ", rank_, " from rank ", peer,
                                                       " of ", name_, ": ", s.message())));

@@ -137,9 +137,13 @@ class Communicator {
 
  private:
   class PeerWatch;
+  // Bytes a rank posts: `len` bytes from `data`, at byte `at` of the post
+  // (kNext: right after the previous piece).
+  static constexpr size_t kNext = ~size_t{0};
   struct Piece {
     const void* data;
     size_t len;
+    size_t at = kNext;
   };
 
   Communicator(allocator::Allocator& alloc, std::string name, int nranks, int rank,
@@ -178,6 +182,9 @@ class Communicator {
   // The pool offset of [p, p+len) when it lies in the pool.
   std::optional<PoolOffset> InPool(const void* p, size_t len) const;
   absl::Status WaitPosted(uint64_t round);
+  // Reads peer j's post of `round`: kInvalidArgument naming both calls when
+  // it is another call.
+  absl::Status CheckPost(int j, uint64_t round);
   absl::Status WaitSlotFree(uint64_t round);
 
   allocator::Allocator& alloc_;

@@ -11,13 +11,13 @@ namespace {
 struct Bf16 {
   uint16_t bits;
 };
-inline float ToFloat(Bf16 v) {
+[[gnu::always_inline]] inline float ToFloat(Bf16 v) {
   const uint32_t u = uint32_t{v.bits} << 16;
   float f;
   std::memcpy(&f, &u, 4);
   return f;
 }
-inline Bf16 ToBf16(float f) {
+[[gnu::always_inline]] inline Bf16 ToBf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
   if ((u & 0x7fffffffu) > 0x7f800000u) return {static_cast<uint16_t>((u >> 16) | 0x40)};
@@ -29,24 +29,24 @@ inline Bf16 ToBf16(float f) {
 template <typename T>
 struct Traits {
   using Acc = T;
-  static Acc Load(T v) { return v; }
-  static T Store(Acc a) { return a; }
+  [[gnu::always_inline]] static Acc Load(T v) { return v; }
+  [[gnu::always_inline]] static T Store(Acc a) { return a; }
 };
 template <>
 struct Traits<_Float16> {
   using Acc = float;
-  static Acc Load(_Float16 v) { return static_cast<float>(v); }
-  static _Float16 Store(Acc a) { return static_cast<_Float16>(a); }
+  [[gnu::always_inline]] static Acc Load(_Float16 v) { return static_cast<float>(v); }
+  [[gnu::always_inline]] static _Float16 Store(Acc a) { return static_cast<_Float16>(a); }
 };
 template <>
 struct Traits<Bf16> {
   using Acc = float;
-  static Acc Load(Bf16 v) { return ToFloat(v); }
-  static Bf16 Store(Acc a) { return ToBf16(a); }
+  [[gnu::always_inline]] static Acc Load(Bf16 v) { return ToFloat(v); }
+  [[gnu::always_inline]] static Bf16 Store(Acc a) { return ToBf16(a); }
 };
 
 template <typename A>
-inline A Apply(RedOp op, A x, A y) {
+[[gnu::always_inline]] inline A Apply(RedOp op, A x, A y) {
   if constexpr (std::is_integral_v<A>) {
     using U = std::make_unsigned_t<A>;  // wrap, never undefined
     switch (op) {
@@ -76,31 +76,64 @@ inline A Apply(RedOp op, A x, A y) {
   return x;
 }
 
-// One op over whole blocks, so the compiler vectorises the inner loops.
+// One op over blocks that stay in L1, in passes the compiler vectorises:
+// the first two sources combine into an accumulator block (fp32 for 16-bit
+// floats), the others fold in, and the block is stored. Always inlined, so each clone of Reduce
+// (AVX-512, AVX2, baseline) gets its own vector code.
 template <typename T, RedOp kOp>
-void ReduceTyped(T* out, const void* const* srcs, int n, size_t count, int divisor) {
+[[gnu::always_inline]] inline void ReduceTyped(T* out, const void* const* srcs, int n, size_t count,
+                                               int divisor) {
   using Tr = Traits<T>;
   using A = typename Tr::Acc;
-  constexpr size_t kBlock = 1024;
-  A acc[kBlock];
+  constexpr size_t kBlock = 2048;
+  bool direct = true;
+  for (int s = 2; s < n; ++s) direct &= srcs[s] != out;
   for (size_t at = 0; at < count; at += kBlock) {
     const size_t m = std::min(kBlock, count - at);
     const T* s0 = static_cast<const T*>(srcs[0]) + at;
-    for (size_t i = 0; i < m; ++i) acc[i] = Tr::Load(s0[i]);
-    for (int s = 1; s < n; ++s) {
+    T* o = out + at;
+    if constexpr (std::is_same_v<A, T>) {
+      if (direct) {  // straight into `out`: no source after the second is `out`
+        if (n == 1) {
+          for (size_t i = 0; i < m; ++i) o[i] = s0[i];
+        } else {
+          const T* s1 = static_cast<const T*>(srcs[1]) + at;
+          for (size_t i = 0; i < m; ++i) o[i] = Apply(kOp, s0[i], s1[i]);
+        }
+        for (int s = 2; s < n; ++s) {
+          const T* src = static_cast<const T*>(srcs[s]) + at;
+          for (size_t i = 0; i < m; ++i) o[i] = Apply(kOp, o[i], src[i]);
+        }
+        if constexpr (kOp == RedOp::kAvg) {
+          for (size_t i = 0; i < m; ++i) o[i] = static_cast<A>(o[i] / static_cast<A>(divisor));
+        }
+        continue;
+      }
+    }
+    // Otherwise the block is reduced in `acc` and stored last: `out` may be
+    // a later source (in place), which must not change before it is folded.
+    A acc[kBlock];
+    if (n == 1) {
+      for (size_t i = 0; i < m; ++i) acc[i] = Tr::Load(s0[i]);
+    } else {
+      const T* s1 = static_cast<const T*>(srcs[1]) + at;
+      for (size_t i = 0; i < m; ++i) acc[i] = Apply(kOp, Tr::Load(s0[i]), Tr::Load(s1[i]));
+    }
+    for (int s = 2; s < n; ++s) {
       const T* src = static_cast<const T*>(srcs[s]) + at;
       for (size_t i = 0; i < m; ++i) acc[i] = Apply(kOp, acc[i], Tr::Load(src[i]));
     }
     if constexpr (kOp == RedOp::kAvg) {
-      for (size_t i = 0; i < m; ++i) acc[i] = static_cast<A>(acc[i] / static_cast<A>(divisor));
+      const A d = static_cast<A>(divisor);
+      for (size_t i = 0; i < m; ++i) acc[i] = static_cast<A>(acc[i] / d);
     }
-    T* o = out + at;
     for (size_t i = 0; i < m; ++i) o[i] = Tr::Store(acc[i]);
   }
 }
 
 template <typename T>
-void ReduceOp(RedOp op, void* out, const void* const* srcs, int n, size_t count, int divisor) {
+[[gnu::always_inline]] inline void ReduceOp(RedOp op, void* out, const void* const* srcs, int n,
+                                            size_t count, int divisor) {
   T* o = static_cast<T*>(out);
   switch (op) {
     case RedOp::kSum:
@@ -168,8 +201,10 @@ std::optional<RedOp> ParseRedOp(absl::string_view name) {
   return std::nullopt;
 }
 
-void Reduce(DataType t, RedOp op, void* out, const void* const* srcs, int n, size_t count,
-            int avg_divisor) {
+// Cloned per instruction set; the loader picks the best this CPU runs.
+[[gnu::target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")]] void Reduce(
+    DataType t, RedOp op, void* out, const void* const* srcs, int n, size_t count,
+    int avg_divisor) {
   switch (t) {
     case DataType::kInt8:
       return ReduceOp<int8_t>(op, out, srcs, n, count, avg_divisor);

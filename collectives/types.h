@@ -41,7 +41,8 @@ std::optional<RedOp> ParseRedOp(absl::string_view name);
 // out[i] = srcs[0][i] op srcs[1][i] op ... op srcs[n-1][i], in that order
 // (so every rank that reduces the same sources gets the same bits); avg
 // divides the sum by `avg_divisor`. 16-bit floats accumulate in fp32 and
-// round once; integers wrap. `out` may be one of the sources.
+// round once; integers wrap. `out` may be one of the sources (the same
+// pointer; partial overlaps are not supported).
 // REQUIRES: n >= 1; buffers of `count` elements.
 void Reduce(DataType t, RedOp op, void* out, const void* const* srcs, int n, size_t count,
             int avg_divisor);

@@ -27,13 +27,20 @@ Waiter::Waiter(absl::Time deadline, absl::string_view what, WaitWatch* watch)
       sleep_(kFirstSleep),
       next_watch_(start_ + kWatchPeriod) {}
 
+Waiter::Waiter(absl::Time deadline, absl::string_view what, WaitWatch* watch,
+               absl::Duration yield_for)
+    : Waiter(deadline, what, watch) {
+  yield_until_ = start_ + yield_for;
+}
+
 absl::Status Waiter::Pause() {
   ++pauses_;
   if (pauses_ <= spins_) {
     _mm_pause();
     // Reading the clock costs ~20 ns: check the deadline every 64 spins.
     if ((pauses_ & 63) != 0) return absl::OkStatus();
-  } else if (pauses_ <= spins_ + kYields) {
+  } else if (yield_until_ != absl::InfinitePast() ? absl::Now() < yield_until_
+                                                  : pauses_ <= spins_ + kYields) {
     sched_yield();
   } else {
     absl::Time now = absl::Now();

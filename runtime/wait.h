@@ -32,6 +32,12 @@ class Waiter {
   // `what` names the awaited thing in the timeout message; it must outlive
   // the Waiter. `watch` may be null.
   Waiter(absl::Time deadline, absl::string_view what, WaitWatch* watch = nullptr);
+  // After spinning, yield the CPU for up to `yield_for` before sleeping
+  // (default: about 64 yields). Data paths that expect their peer within
+  // microseconds to milliseconds (collectives) yield rather than sleep: a
+  // sleep overshoots by tens of microseconds, and yielding still lets ranks
+  // that share a core run.
+  Waiter(absl::Time deadline, absl::string_view what, WaitWatch* watch, absl::Duration yield_for);
 
   // Waits a little (longer each call). Returns OK to try again, or
   // kDeadlineExceeded / the watch's status to give up.
@@ -43,6 +49,7 @@ class Waiter {
  private:
   absl::Time start_;
   absl::Time deadline_;
+  absl::Time yield_until_ = absl::InfinitePast();  // set: yield until then, not kYields times
   absl::string_view what_;
   WaitWatch* watch_;
   uint64_t pauses_ = 0;
@@ -55,9 +62,11 @@ class Waiter {
 // status of `watch`.
 template <typename Ready>
 absl::Status WaitUntil(Ready&& ready, absl::Time deadline, absl::string_view what,
-                       WaitWatch* watch = nullptr) {
+                       WaitWatch* watch = nullptr,
+                       absl::Duration yield_for = absl::ZeroDuration()) {
   if (ready()) return absl::OkStatus();
-  Waiter w(deadline, what, watch);
+  Waiter w = yield_for > absl::ZeroDuration() ? Waiter(deadline, what, watch, yield_for)
+                                              : Waiter(deadline, what, watch);
   while (!ready()) {
     absl::Status s = w.Pause();
     if (!s.ok()) return ready() ? absl::OkStatus() : s;

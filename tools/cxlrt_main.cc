@@ -5,10 +5,13 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
 #include "bench/alloc_bench.h"
+#include "bench/coll_bench.h"
 #include "bench/pool_bench.h"
 #include "runtime/config.h"
 #include "runtime/log.h"
+#include "runtime/units.h"
 #include "tools/commands.h"
 
 namespace {
@@ -114,6 +117,40 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 30));
   bench_alloc->add_flag("--json", json, "Machine-readable output");
 
+  // One subcommand per collective, nccl-tests' flags.
+  bench::CollBenchOptions coll;
+  std::string coll_min = "8", coll_max = "64M";
+  std::vector<std::pair<CLI::App*, std::string>> coll_apps;
+  for (const char* name : {"allreduce", "reducescatter", "allgather", "broadcast", "reduce",
+                           "gather", "scatter", "alltoall", "sendrecv"}) {
+    CLI::App* c = bench->add_subcommand(
+        name, absl::StrCat("nccl-tests' ", name,
+                           " over the pool: time, algbw, busbw, #wrong per size, out of place "
+                           "and in place, beside this machine's memcpy bandwidth"));
+    c->add_option("-b,--minbytes", coll_min, "Smallest size (B, K, M, G)");
+    c->add_option("-e,--maxbytes", coll_max, "Largest size");
+    c->add_option("-f,--stepfactor", coll.factor, "Size multiplier per step")
+        ->check(CLI::Range(2, 1024));
+    c->add_option("-n,--iters", coll.iters, "Timed iterations")->check(CLI::Range(1, 1000000));
+    c->add_option("-w,--warmup_iters", coll.warmup, "Warm-up iterations")
+        ->check(CLI::Range(0, 1000000));
+    c->add_option("-c,--check", coll.check, "Check the results (0: no)")->check(CLI::Range(0, 1));
+    c->add_option("-d,--datatype", coll.type,
+                  "int8 .. uint64, float16|half, bfloat16, float, double");
+    c->add_option("-o,--op", coll.op, "sum, prod, min, max, avg");
+    c->add_option("-r,--root", coll.root, "Root rank of rooted collectives");
+    c->add_option("--ranks", coll.ranks,
+                  "Ranks to start as emulated hosts (ignored under mpirun, srun, torchrun, "
+                  "cxlrt run)")
+        ->check(CLI::Range(1, 64));
+    c->add_option("--pool", coll.pool,
+                  "Pool URI: made and destroyed by the run (default emu://bench-coll-PID); "
+                  "under a launcher, the shared pool (default CXLRT_POOL)");
+    c->add_flag("--in-pool", coll.in_pool, "Buffers allocated in the pool (zero-copy)");
+    c->add_flag("--json", json, "One JSON object per size");
+    coll_apps.emplace_back(c, name);
+  }
+
   CLI::App* doctor = app.add_subcommand("doctor", "What this machine offers: NUMA, CXL, DAX, CUDA");
   doctor->add_flag("--json", json, "Machine-readable output");
 
@@ -151,6 +188,21 @@ int main(int argc, char** argv) {
   if (*doctor) return tools::Doctor(json);
   if (*run) return tools::Run(ranks, hosts, run_pool, timeout_s, command);
   if (*bench_alloc) return bench::RunAllocBench({alloc_uri, alloc_reps, json, alloc_sizes});
+  for (const auto& [c, name] : coll_apps) {
+    if (!*c) continue;
+    auto lo = runtime::ParseByteSize(coll_min, "-b");
+    auto hi = runtime::ParseByteSize(coll_max, "-e");
+    if (!lo.ok() || !hi.ok()) {
+      std::fprintf(stderr, "cxlrt bench %s: %s\n", name.c_str(),
+                   std::string((lo.ok() ? hi : lo).status().message()).c_str());
+      return 2;
+    }
+    coll.collective = name;
+    coll.min_bytes = *lo;
+    coll.max_bytes = *hi;
+    coll.json = json;
+    return bench::RunCollBench(coll);
+  }
   if (*bench_pool) {
     if (bench_uri.empty()) bench_uri = "emu://bench-" + std::to_string(getpid()) + "?size=256M";
     return bench::RunPoolBench({bench_uri, reps, json});

@@ -1,0 +1,100 @@
+#!/bin/bash
+# Compares cxlrt's collectives with Open MPI and PyTorch Gloo on this
+# machine, in one run, same sizes and rank counts, and prints one table of
+# busbw with the ratio cxlrt / best peer.
+#
+#   bench/compare/collectives.sh [RANKS...]     (default: 2)
+#   env: MIN=64K MAX=64M ITERS=20 WARMUP=5 COLLS="allreduce allgather ..."
+#
+# Each peer gets its best configuration: Open MPI runs in a private network
+# namespace with only loopback up (its out-of-band listeners bind every
+# interface), with glibc's malloc told not to return memory (else its
+# allreduce pays a page fault per 4 KiB of a temporary buffer above 32 MiB),
+# and the better of the ob1/vader and UCX transports is kept per size; Gloo
+# is pinned to lo and initialised from a file. Installs what it needs
+# (root, apt-get). cxlrt runs in the hardware domain.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+RANKS=("${@:-2}")
+MIN=${MIN:-64K}
+MAX=${MAX:-64M}
+ITERS=${ITERS:-20}
+WARMUP=${WARMUP:-5}
+COLLS=${COLLS:-"allreduce allgather broadcast reducescatter alltoall"}
+
+bytes() {  # 64K -> 65536
+  /usr/bin/python3 -c "import sys; s=sys.argv[1].upper(); m={'K':1<<10,'M':1<<20,'G':1<<30}
+print(int(s[:-1])*m[s[-1]] if s[-1] in m else int(s))" "$1"
+}
+LO=$(bytes "$MIN")
+HI=$(bytes "$MAX")
+
+need=()
+command -v mpicc >/dev/null || need+=(openmpi-bin libopenmpi-dev)
+/usr/bin/python3 -c "import torch" 2>/dev/null || need+=(python3-torch)
+command -v unshare >/dev/null || need+=(util-linux)
+command -v ip >/dev/null || need+=(iproute2)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "# installing ${need[*]}" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}" >&2
+fi
+[ -x build/bin/cxlrt ] || ./scripts/build.sh >&2
+
+WORK=$(mktemp -d /tmp/cxlrt-compare.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+mpicc -O2 -o "$WORK/mpi_coll" bench/compare/mpi_coll.c
+OUT="$WORK/results.jsonl"
+: >"$OUT"
+
+export GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296
+for n in "${RANKS[@]}"; do
+  for coll in $COLLS; do
+    echo "# $coll, $n ranks: cxlrt" >&2
+    build/bin/cxlrt bench "$coll" -b "$MIN" -e "$MAX" -f 2 -n "$ITERS" -w "$WARMUP" \
+      --ranks "$n" --json | sed 's/^{/{"peer": "cxlrt", /' >>"$OUT"
+    if [ "$coll" = allreduce ]; then
+      build/bin/cxlrt bench "$coll" -b "$MIN" -e "$MAX" -f 2 -n "$ITERS" -w "$WARMUP" \
+        --ranks "$n" --in-pool --json | sed 's/^{/{"peer": "cxlrt-pool", /' >>"$OUT"
+    fi
+    for pml in "--mca pml ob1 --mca btl self,vader" \
+               "--mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any"; do
+      echo "# $coll, $n ranks: Open MPI $pml" >&2
+      unshare -n sh -c "ip link set lo up && mpirun --allow-run-as-root --oversubscribe \
+          -x GLIBC_TUNABLES --bind-to none -np $n $pml \
+          $WORK/mpi_coll $coll $LO $HI 2 $ITERS $WARMUP" 2>"$WORK/mpi.err" |
+        sed "s|\"peer\": \"mpi\"|\"peer\": \"mpi\", \"config\": \"${pml%% --mca btl*}\"|" >>"$OUT" ||
+        { echo "# Open MPI ($pml) failed:" >&2; tail -5 "$WORK/mpi.err" >&2; }
+    done
+    case $coll in allreduce|allgather|broadcast)
+      echo "# $coll, $n ranks: Gloo" >&2
+      GLOO_SOCKET_IFNAME=lo /usr/bin/python3 bench/compare/gloo_coll.py "$coll" "$n" "$LO" "$HI" 2 \
+        "$ITERS" "$WARMUP" 2>"$WORK/gloo.err" >>"$OUT" ||
+        { echo "# Gloo failed:" >&2; tail -5 "$WORK/gloo.err" >&2; } ;;
+    esac
+  done
+done
+
+/usr/bin/python3 - "$OUT" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip().startswith("{")]
+memcpy = next((r["memcpy_gbps"] for r in rows if "memcpy_gbps" in r), 0)
+print(f"# busbw in GB/s (nccl-tests formulas); this machine's memcpy: {memcpy:.2f} GB/s")
+print(f"# cxlrt: private buffers; cxlrt-pool: buffers in the pool (zero-copy); MPI: the better "
+      f"of ob1/vader and UCX per size")
+print("%-14s %5s %10s %9s %10s %9s %9s %11s %11s" % ("collective", "ranks", "bytes", "cxlrt",
+      "cxlrt-pool", "mpi", "gloo", "cxlrt/best", "pool/best"))
+keys = sorted({(r["collective"], r["ranks"], r["bytes"]) for r in rows})
+for coll, n, b in keys:
+    def get(peer):
+        v = [r["busbw_gbps"] for r in rows if r["peer"] == peer and r["collective"] == coll
+             and r["ranks"] == n and r["bytes"] == b]
+        return max(v) if v else None
+    c, p, m, g = get("cxlrt"), get("cxlrt-pool"), get("mpi"), get("gloo")
+    best = max([x for x in (m, g) if x] or [0])
+    f = lambda x: "%.2f" % x if x is not None else "-"
+    ratio = lambda x: "%.2f" % (x / best) if x and best else "-"
+    print("%-14s %5d %10d %9s %10s %9s %9s %11s %11s" % (coll, n, b, f(c), f(p), f(m), f(g),
+          ratio(c), ratio(p)))
+# 8-byte all-reduce latency is measured apart: cxlrt bench allreduce -b 8 -e 8
+PY
