@@ -306,7 +306,9 @@ int RunRank(const CollBenchOptions& o, const Kind& k, DataType t, RedOp op, cons
     Row row = {};
     row.bytes = std::max(c.send, c.recv) * es;
     row.count = std::max(c.send, c.recv);
-    for (int in_place = 0; in_place < 2; ++in_place) {
+    // In place means nothing for a send and a receive of one buffer at
+    // once: sendrecv reports out of place only (nccl-tests does the same).
+    for (int in_place = 0; in_place < (k.sendrecv ? 1 : 2); ++in_place) {
       const void* s = send;
       void* r = recv;
       if (in_place) std::tie(s, r) = InPlace(k, recv, c, es, rank);

@@ -625,7 +625,7 @@ absl::Status Communicator::AllReduce(const void* send, void* recv, size_t count,
     for (int j = 0; j < nranks_; ++j) {
       if (j == rank_) continue;
       const size_t jlo = m * j / nranks_, jhi = m * (j + 1) / nranks_;
-      if (jhi > jlo) std::memcpy(out + (first + jlo) * es, PeerBytes(j), (jhi - jlo) * es);
+      if (jhi > jlo) runtime::CopyBytes(out + (first + jlo) * es, PeerBytes(j), (jhi - jlo) * es);
     }
     EndRound();
   }
@@ -675,7 +675,7 @@ absl::Status Communicator::AllGather(const void* send, void* recv, size_t sendco
     for (int j = 0; j < nranks_; ++j) {
       uint8_t* dst = out + j * bytes + at;
       const uint8_t* src = j == rank_ ? in + at : PeerBytes(j);
-      if (len && dst != src) std::memmove(dst, src, len);
+      if (len && dst != src) runtime::CopyBytes(dst, src, len);
     }
     EndRound();
     if (bytes == 0) break;
@@ -704,8 +704,8 @@ absl::Status Communicator::Broadcast(const void* send, void* recv, size_t count,
       CXLRT_RETURN_IF_ERROR(
           Exchange(is_root ? std::vector<Piece>{{in + at, len}} : std::vector<Piece>{}));
     }
-    if (!is_root && len) std::memcpy(out + at, PeerBytes(root), len);
-    if (is_root && len && out != in) std::memcpy(out + at, in + at, len);
+    if (!is_root && len) runtime::CopyBytes(out + at, PeerBytes(root), len);
+    if (is_root && len && out != in) runtime::CopyBytes(out + at, in + at, len);
     EndRound();
     if (bytes == 0) break;
   }
@@ -752,7 +752,7 @@ absl::Status Communicator::Gather(const void* send, void* recv, size_t sendcount
       for (int j = 0; j < nranks_; ++j) {
         uint8_t* dst = out + j * bytes + at;
         const uint8_t* src = j == rank_ ? in + at : PeerBytes(j);
-        if (len && dst != src) std::memmove(dst, src, len);
+        if (len && dst != src) runtime::CopyBytes(dst, src, len);
       }
     }
     EndRound();
@@ -780,7 +780,7 @@ absl::Status Communicator::Scatter(const void* send, void* recv, size_t recvcoun
     uint8_t* dst = out + first * es;
     const uint8_t* src =
         rank_ == root ? in + (rank_ * recvcount + first) * es : PeerBytes(root) + rank_ * m * es;
-    if (m && dst != src) std::memmove(dst, src, m * es);
+    if (m && dst != src) runtime::CopyBytes(dst, src, m * es);
     EndRound();
     if (recvcount == 0) break;
   }
@@ -801,11 +801,12 @@ absl::Status Communicator::AllToAll(const void* send, void* recv, size_t count, 
     // In place, our own piece for us is already where it belongs; the
     // others' pieces land over ones we posted (copied into the slot).
     if (m && out != in) {
-      std::memcpy(out + (rank_ * count + first) * es, in + (rank_ * count + first) * es, m * es);
+      runtime::CopyBytes(out + (rank_ * count + first) * es, in + (rank_ * count + first) * es,
+                         m * es);
     }
     for (int j = 0; j < nranks_; ++j) {
       if (j == rank_ || m == 0) continue;
-      std::memcpy(out + (j * count + first) * es, PeerBytes(j) + rank_ * m * es, m * es);
+      runtime::CopyBytes(out + (j * count + first) * es, PeerBytes(j) + rank_ * m * es, m * es);
     }
     EndRound();
     if (count == 0) break;

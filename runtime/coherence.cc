@@ -82,7 +82,7 @@ class HardwareCoherence final : public Coherence {
   }
   void DoCopyFromPool(void* dst, PoolOffset src, size_t n) override {
     std::atomic_thread_fence(std::memory_order_acquire);
-    std::memcpy(dst, At(src), n);
+    CopyBytes(dst, At(src), n);
   }
 };
 
@@ -129,7 +129,7 @@ class SoftwareCoherence final : public Coherence {
   }
   void DoCopyFromPool(void* dst, PoolOffset src, size_t n) override {
     DoInvalidate(src, n);
-    std::memcpy(dst, At(src), n);
+    CopyBytes(dst, At(src), n);
   }
 
  private:
@@ -231,6 +231,51 @@ absl::StatusOr<std::unique_ptr<Coherence>> MakeCoherence(CoherenceDomain domain,
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown coherence domain ", static_cast<uint32_t>(domain)));
+}
+
+namespace {
+
+__attribute__((target("avx2"))) void CopyAvx2(uint8_t* d, const uint8_t* s, size_t n) {
+  size_t i = 0;
+  for (; i + 128 <= n; i += 128) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 32));
+    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 64));
+    const __m256i e = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 96));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), a);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i + 32), b);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i + 64), c);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i + 96), e);
+  }
+  if (i < n) std::memcpy(d + i, s + i, n - i);
+}
+
+void CopySse2(uint8_t* d, const uint8_t* s, size_t n) {
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), a);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+  }
+  if (i < n) std::memcpy(d + i, s + i, n - i);
+}
+
+}  // namespace
+
+void CopyBytes(void* dst, const void* src, size_t n) {
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (n < 2048) {
+    std::memcpy(dst, src, n);
+  } else if (avx2) {
+    CopyAvx2(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n);
+  } else {
+    CopySse2(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n);
+  }
 }
 
 void NonTemporalCopy(void* dst, const void* src, size_t n) {

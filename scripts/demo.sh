@@ -35,6 +35,9 @@ echo
 echo "== cxlrt bench pool: the coherence layer on an emulated switch-attached CXL pool"
 $cxlrt bench pool "emu://demo-bench-$$?size=128M&model=switch" --reps 3
 echo
+echo "== cxlrt bench allreduce: 4 ranks (emulated hosts) all-reduce through the pool, nccl-tests columns"
+$cxlrt bench allreduce --ranks 4 -b 64K -e 16M -f 16 -n 10 -w 3
+echo
 echo "== cxlrt pool destroy $pool"
 $cxlrt pool destroy "$pool"
 trap - EXIT

@@ -732,6 +732,59 @@ TEST_P(CollectivesTest, BadArgumentsAreRefusedWithoutTouchingTheCommunicator) {
       absl::Seconds(60), {}, "test");
 }
 
+TEST(RankFromEnvironmentTest, ReadsEveryLauncherAndRejectsNonsense) {
+  const char* const kVars[] = {"CXLRT_RANK",   "CXLRT_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
+                               "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
+                               "SLURM_PROCID", "SLURM_NTASKS",     "RANK",
+                               "WORLD_SIZE"};
+  for (const char* v : kVars) unsetenv(v);
+  EXPECT_EQ(RankFromEnvironment().status().code(), absl::StatusCode::kNotFound);
+  const struct {
+    const char *rank, *size, *source;
+  } kCases[] = {{"RANK", "WORLD_SIZE", "torchrun"},
+                {"SLURM_PROCID", "SLURM_NTASKS", "srun"},
+                {"PMI_RANK", "PMI_SIZE", "mpirun (PMI)"},
+                {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun (Open MPI)"},
+                {"CXLRT_RANK", "CXLRT_WORLD_SIZE", "cxlrt run"}};
+  // Each launcher is found; an earlier row of the table wins over later ones.
+  for (const auto& c : kCases) {
+    setenv(c.rank, "3", 1);
+    setenv(c.size, "4", 1);
+    auto info = RankFromEnvironment();
+    ASSERT_TRUE(info.ok()) << info.status();
+    EXPECT_EQ(info->rank, 3);
+    EXPECT_EQ(info->nranks, 4);
+    EXPECT_EQ(info->source, c.source);
+  }
+  setenv("CXLRT_RANK", "4", 1);
+  EXPECT_EQ(RankFromEnvironment().status().code(), absl::StatusCode::kInvalidArgument);
+  setenv("CXLRT_RANK", "two", 1);
+  EXPECT_EQ(RankFromEnvironment().status().code(), absl::StatusCode::kInvalidArgument);
+  unsetenv("CXLRT_WORLD_SIZE");
+  setenv("CXLRT_RANK", "1", 1);
+  EXPECT_EQ(RankFromEnvironment().status().code(), absl::StatusCode::kInvalidArgument);
+  for (const char* v : kVars) unsetenv(v);
+}
+
+TEST(ReduceTest, SixteenBitFloatsAccumulateInFp32AndIntegersWrap) {
+  // 2048 + 1 + 1 in fp16: pairwise in fp16 the ones vanish (2049 is not an
+  // fp16 value); accumulated in fp32 and rounded once they do not.
+  _Float16 a[1] = {2048}, b[1] = {1}, c[1] = {1}, out[1];
+  const void* srcs[] = {a, b, c};
+  Reduce(DataType::kFloat16, RedOp::kSum, out, srcs, 3, 1, 3);
+  EXPECT_EQ(static_cast<float>(out[0]), 2050.0f);
+  int8_t x[1] = {100}, y[1] = {100}, z[1];
+  const void* isrcs[] = {x, y};
+  Reduce(DataType::kInt8, RedOp::kSum, z, isrcs, 2, 1, 2);
+  EXPECT_EQ(z[0], static_cast<int8_t>(200 - 256));
+  // In place: the output is also the third source.
+  float f0[3000], f1[3000], f2[3000];
+  for (int i = 0; i < 3000; ++i) f0[i] = 1, f1[i] = 2, f2[i] = 4;
+  const void* fsrcs[] = {f0, f1, f2};
+  Reduce(DataType::kFloat32, RedOp::kAvg, f2, fsrcs, 3, 3000, 3);
+  for (int i = 0; i < 3000; ++i) ASSERT_EQ(f2[i], 7.0f / 3.0f) << i;
+}
+
 INSTANTIATE_TEST_SUITE_P(Domains, CollectivesTest,
                          ::testing::Values(CoherenceDomain::kHardware,
                                            CoherenceDomain::kSimulated));

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <set>
+#include <sstream>
 #include <string>
 
 #include "allocator/allocator.h"
@@ -254,6 +255,44 @@ TEST(CliTest, BenchAllocComparesWithGlibcAndMeasuresCrossHostFrees) {
     EXPECT_GT(row["cxlrt_cross_host_frees_per_s"].get<double>(), 0) << row;
   }
   EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "the benchmark left its pool behind";
+}
+
+TEST(CliTest, BenchCollectivesPrintNcclTestsColumnsWithNothingWrong) {
+  TempDir dir;
+  // No size: the benchmark sizes the pool it makes.
+  const std::string uri = absl::StrCat("emu://coll", getpid(), "?dir=", dir.path());
+  for (const std::string coll : {"allreduce", "allgather", "alltoall", "sendrecv"}) {
+    auto r = CxlrtStdout("bench " + coll + " -b 8 -e 64K -f 64 -n 3 -w 1 --ranks 3 --json --pool " +
+                         Quote(uri));
+    ASSERT_EQ(r.code, 0) << coll << ": " << r.out;
+    std::istringstream lines(r.out);
+    std::string line;
+    int rows = 0;
+    while (std::getline(lines, line)) {
+      auto j = nlohmann::json::parse(line);
+      EXPECT_EQ(j["collective"], coll);
+      EXPECT_EQ(j["ranks"], 3);
+      EXPECT_GT(j["time_us"].get<double>(), 0) << line;
+      if (j["bytes"].get<uint64_t>() > 0) {
+        EXPECT_GT(j["busbw_gbps"].get<double>(), 0) << line;
+      }
+      EXPECT_EQ(j["wrong"], 0) << line;
+      EXPECT_EQ(j["inplace_wrong"], 0) << line;
+      EXPECT_GT(j["memcpy_gbps"].get<double>(), 0) << line;
+      ++rows;
+    }
+    EXPECT_EQ(rows, 3) << coll << " (8 B, 512 B, 32 KiB): " << r.out;
+  }
+  // The table, with pool-resident buffers.
+  auto t = CxlrtStdout("bench allreduce -b 1M -e 1M -n 2 -w 1 --ranks 2 --in-pool --pool " +
+                       Quote(uri));
+  ASSERT_EQ(t.code, 0) << t.out;
+  EXPECT_NE(t.out.find("algbw"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("busbw"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("# wrong elements: 0"), std::string::npos) << t.out;
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "the benchmark left its pool behind";
+  auto bad = CxlrtStdout("bench allreduce -b 1M -e 1K --ranks 2");
+  EXPECT_NE(bad.code, 0);
 }
 
 }  // namespace
