@@ -594,16 +594,18 @@ absl::Status Communicator::AllReduce(const void* send, void* recv, size_t count,
     if (zc_in) CXLRT_RETURN_IF_ERROR(AwaitPeersDone(round_));
     return absl::OkStatus();
   }
-  // Two-shot: round A posts the chunk, and each rank reduces its shard of it
-  // from every rank; round B posts the reduced shard, and each rank copies
-  // the others' shards. A rank's own shard never goes through the pool.
-  const auto zc_out = zc_in ? InPool(recv, bytes) : std::nullopt;
-  const bool zc = zc_in && zc_out;
-  const size_t chunk_elems = zc ? count : slot_bytes_ / es;
+  // Two-shot: round A posts the chunk (in place when the send buffer lies in
+  // the pool), and each rank reduces its shard of it from every rank; round
+  // B posts the reduced shard through the slot, and each rank copies the
+  // others'. A rank's own shard never goes through the pool. Round B always
+  // copies: a peer that reads lines this core has just written pulls them
+  // out of its cache, which is slower here than reading them from memory
+  // after non-temporal stores.
+  const size_t chunk_elems = std::max<size_t>(1, slot_bytes_ / es) * (zc_in ? nranks_ : 1);
   for (size_t first = 0; first < count; first += chunk_elems) {
     const size_t m = std::min(chunk_elems, count - first);
     const size_t lo = m * rank_ / nranks_, hi = m * (rank_ + 1) / nranks_;
-    if (zc) {
+    if (zc_in) {
       CXLRT_RETURN_IF_ERROR(ExchangeInPlace(*zc_in + first * es, m * es));
     } else {
       // Peers read every shard but ours: ours stays out of the pool.
@@ -617,11 +619,7 @@ absl::Status Communicator::AllReduce(const void* send, void* recv, size_t count,
     uint8_t* mine = out + (first + lo) * es;
     collectives::Reduce(type, op, mine, srcs.data(), nranks_, hi - lo, nranks_);
     EndRound();
-    if (zc) {
-      CXLRT_RETURN_IF_ERROR(ExchangeInPlace(*zc_out + (first + lo) * es, (hi - lo) * es));
-    } else {
-      CXLRT_RETURN_IF_ERROR(Exchange({{mine, (hi - lo) * es}}));
-    }
+    CXLRT_RETURN_IF_ERROR(Exchange({{mine, (hi - lo) * es}}));
     for (int j = 0; j < nranks_; ++j) {
       if (j == rank_) continue;
       const size_t jlo = m * j / nranks_, jhi = m * (j + 1) / nranks_;
@@ -629,7 +627,8 @@ absl::Status Communicator::AllReduce(const void* send, void* recv, size_t count,
     }
     EndRound();
   }
-  if (zc) CXLRT_RETURN_IF_ERROR(AwaitPeersDone(round_));
+  // Every peer posted its last round B after reading our last chunk in
+  // round A: the send buffer is ours again without a further wait.
   return absl::OkStatus();
 }
 
