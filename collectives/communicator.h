@@ -199,6 +199,7 @@ class Communicator {
   uint64_t instance_ = 0;
   std::vector<JoinLayout> peers_;  // as joined
   std::unique_ptr<PeerWatch> watch_;
+  int spins_ = -1;  // spins before a wait yields; -1: CXLRT_WAIT_SPINS
 
   uint64_t round_ = 0;  // rounds finished; the next one is round_ + 1
   uint64_t calls_ = 0;

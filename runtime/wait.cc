@@ -28,9 +28,10 @@ Waiter::Waiter(absl::Time deadline, absl::string_view what, WaitWatch* watch)
       next_watch_(start_ + kWatchPeriod) {}
 
 Waiter::Waiter(absl::Time deadline, absl::string_view what, WaitWatch* watch,
-               absl::Duration yield_for)
+               absl::Duration yield_for, int spins)
     : Waiter(deadline, what, watch) {
   yield_until_ = start_ + yield_for;
+  if (spins >= 0) spins_ = static_cast<uint32_t>(spins);
 }
 
 absl::Status Waiter::Pause() {

@@ -37,7 +37,10 @@ class Waiter {
   // microseconds to milliseconds (collectives) yield rather than sleep: a
   // sleep overshoots by tens of microseconds, and yielding still lets ranks
   // that share a core run.
-  Waiter(absl::Time deadline, absl::string_view what, WaitWatch* watch, absl::Duration yield_for);
+  // `spins` (>= 0) replaces CXLRT_WAIT_SPINS: fewer when more threads wait
+  // than there are cores, so a waiter hands its core to the one it waits for.
+  Waiter(absl::Time deadline, absl::string_view what, WaitWatch* watch, absl::Duration yield_for,
+         int spins = -1);
 
   // Waits a little (longer each call). Returns OK to try again, or
   // kDeadlineExceeded / the watch's status to give up.
@@ -63,9 +66,9 @@ class Waiter {
 template <typename Ready>
 absl::Status WaitUntil(Ready&& ready, absl::Time deadline, absl::string_view what,
                        WaitWatch* watch = nullptr,
-                       absl::Duration yield_for = absl::ZeroDuration()) {
+                       absl::Duration yield_for = absl::ZeroDuration(), int spins = -1) {
   if (ready()) return absl::OkStatus();
-  Waiter w = yield_for > absl::ZeroDuration() ? Waiter(deadline, what, watch, yield_for)
+  Waiter w = yield_for > absl::ZeroDuration() ? Waiter(deadline, what, watch, yield_for, spins)
                                               : Waiter(deadline, what, watch);
   while (!ready()) {
     absl::Status s = w.Pause();
