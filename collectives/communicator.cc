@@ -461,8 +461,9 @@ absl::Status Communicator::AwaitPeersDone(uint64_t round) {
     if (j == rank_) continue;
     const PoolOffset done = RankAt(j) + offsetof(RankLayout, done);
     if (c_.LoadFlag(done) >= round) continue;
-    absl::Status s = runtime::WaitUntil([&] { return c_.LoadFlag(done) >= round; }, deadline_,
-                                        "a peer to finish reading", watch_.get(), kYieldFor, spins_);
+    absl::Status s =
+        runtime::WaitUntil([&] { return c_.LoadFlag(done) >= round; }, deadline_,
+                           "a peer to finish reading", watch_.get(), kYieldFor, spins_);
     if (!s.ok()) {
       return Fail(
           absl::Status(s.code(), absl::StrCat(name_, " rank ", rank_, " in ", Describe(desc_),
@@ -649,7 +650,11 @@ absl::Status Communicator::ReduceScatter(const void* send, void* recv, size_t re
   std::vector<Piece> pieces(nranks_);
   for (size_t first = 0; first < recvcount || (first == 0 && recvcount == 0); first += per) {
     const size_t m = std::min(per, recvcount - first);
-    for (int j = 0; j < nranks_; ++j) pieces[j] = {in + (j * recvcount + first) * es, m * es};
+    // Piece j at j * m in the slot; ours stays out of the pool.
+    pieces.clear();
+    for (int j = 0; j < nranks_; ++j) {
+      if (j != rank_) pieces.push_back({in + (j * recvcount + first) * es, m * es, j * m * es});
+    }
     CXLRT_RETURN_IF_ERROR(Exchange(pieces));
     for (int j = 0; j < nranks_; ++j) {
       srcs[j] = j == rank_ ? in + (rank_ * recvcount + first) * es : PeerBytes(j) + rank_ * m * es;
@@ -778,8 +783,9 @@ absl::Status Communicator::Scatter(const void* send, void* recv, size_t recvcoun
     const size_t m = std::min(per, recvcount - first);
     pieces.clear();
     if (rank_ == root) {
-      for (int j = 0; j < nranks_; ++j)
-        pieces.push_back({in + (j * recvcount + first) * es, m * es});
+      for (int j = 0; j < nranks_; ++j) {
+        if (j != rank_) pieces.push_back({in + (j * recvcount + first) * es, m * es, j * m * es});
+      }
     }
     CXLRT_RETURN_IF_ERROR(Exchange(pieces));
     uint8_t* dst = out + first * es;
@@ -801,7 +807,10 @@ absl::Status Communicator::AllToAll(const void* send, void* recv, size_t count, 
   std::vector<Piece> pieces(nranks_);
   for (size_t first = 0; first < count || (first == 0 && count == 0); first += per) {
     const size_t m = std::min(per, count - first);
-    for (int j = 0; j < nranks_; ++j) pieces[j] = {in + (j * count + first) * es, m * es};
+    pieces.clear();
+    for (int j = 0; j < nranks_; ++j) {
+      if (j != rank_) pieces.push_back({in + (j * count + first) * es, m * es, j * m * es});
+    }
     CXLRT_RETURN_IF_ERROR(Exchange(pieces));
     // In place, our own piece for us is already where it belongs; the
     // others' pieces land over ones we posted (copied into the slot).
