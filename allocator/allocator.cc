@@ -163,6 +163,17 @@ absl::StatusOr<PoolOffset> Allocator::Allocate(uint64_t size, const AllocOptions
   if (alignment > heap) {
     return absl::InvalidArgumentError(absl::StrCat("alignment ", alignment, " exceeds the heap"));
   }
+  if (options.device >= 0) {
+    const uint32_t devices = pool_.devices().count();
+    if (static_cast<uint32_t>(options.device) >= devices) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("device ", options.device, " of ", pool_.name(), ", which has ", devices));
+    }
+    const auto [begin, end] = pool_.HeapOnDevice(options.device);
+    std::lock_guard<std::mutex> lock(mu_);
+    CXLRT_RETURN_IF_ERROR(CheckUsable());
+    return arena_->AllocateIn(size, alignment, options.durable, pool_lock_, begin, end);
+  }
   if (!options.durable && alignment == 64 && size <= kMaxSmallSize && Usable()) {
     // The fast path: a block from this thread's cache.
     const uint32_t cls = PlainClassFor(size);

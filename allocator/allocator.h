@@ -52,6 +52,9 @@ struct AllocOptions {
   // The block outlives this host: it is not reclaimed when the host dies or
   // closes its allocator (only Free / FreeNamed release it).
   bool durable = false;
+  // The pool device (devices= in the URI) that must hold the whole block;
+  // -1: any. A placed block is a run of whole 2 MiB segments.
+  int device = -1;
 };
 
 struct AllocatorOptions {

@@ -4,8 +4,11 @@
 //   CommHeaderLayout                      written by rank 0 once
 //   RankLayout[nranks]                    line 0: join; 1: done; 2-3: posts
 //   P2pLayout[nranks][nranks]             [s][d]: s writes line 0, d line 1
-//   data slots: [rank][2] x slot_bytes    written by their rank only
 //   p2p buffers: [s][d] x p2p_bytes       written by s only
+//
+// Each rank's two data slots are blocks of its own (private: they die with
+// its host), on device (rank + parity) % devices when the pool has several;
+// its join line says where.
 //
 // Every line has one writer; every flag is a monotonic 64-bit counter that
 // is never reset (MSCCL++-style): rounds and p2p sequence numbers.
@@ -30,7 +33,7 @@ struct CommHeaderLayout {
   uint32_t creator_slot;
   uint32_t pad0;
   uint64_t creator_epoch;
-  uint64_t slots_offset;  // from the block start
+  uint64_t p2p_buffers_offset;  // from the block start
   uint64_t p2p_offset;
   uint32_t checksum;  // CRC32C over the bytes before it
   uint32_t pad1;
@@ -46,7 +49,8 @@ struct JoinLayout {
   uint64_t host_epoch;
   uint32_t host_slot;
   uint32_t pid;
-  uint8_t pad[32];
+  uint64_t slots[2];  // pool offsets of this rank's data slots, by round parity
+  uint8_t pad[16];
 };
 static_assert(sizeof(JoinLayout) == 64);
 

@@ -34,13 +34,12 @@ uint32_t HeaderChecksum(const CommHeaderLayout& h) {
 
 // Offsets inside the block, from the rank count and buffer sizes.
 struct Plan {
-  uint64_t p2p_offset, slots_offset, p2p_buffers_offset, total;
+  uint64_t p2p_offset, p2p_buffers_offset, total;
 };
-Plan PlanFor(uint32_t n, uint64_t slot_bytes, uint64_t p2p_bytes) {
+Plan PlanFor(uint32_t n, uint64_t p2p_bytes) {
   Plan p;
   p.p2p_offset = sizeof(CommHeaderLayout) + uint64_t{n} * sizeof(RankLayout);
-  p.slots_offset = RoundUp(p.p2p_offset + uint64_t{n} * n * sizeof(P2pLayout), kAlign);
-  p.p2p_buffers_offset = p.slots_offset + uint64_t{n} * 2 * slot_bytes;
+  p.p2p_buffers_offset = RoundUp(p.p2p_offset + uint64_t{n} * n * sizeof(P2pLayout), kAlign);
   p.total = p.p2p_buffers_offset + uint64_t{n} * n * p2p_bytes;
   return p;
 }
@@ -209,6 +208,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(allocator::Al
   if (!joined.ok()) {
     // Nothing to leave; a block this rank made for nobody goes.
     comm->destroyed_ = true;
+    comm->FreeSlots();
     if (comm->made_block_) (void)alloc.FreeNamed(comm->name_);
     return joined;
   }
@@ -234,7 +234,7 @@ absl::Status Communicator::Join() {
   };
   CommHeaderLayout h = {};
   if (rank_ == 0) {
-    const Plan plan = PlanFor(nranks_, options_.slot_bytes, options_.p2p_bytes);
+    const Plan plan = PlanFor(nranks_, options_.p2p_bytes);
     for (;;) {
       auto found = alloc_.Find(name_);
       if (found.ok()) {
@@ -264,7 +264,7 @@ absl::Status Communicator::Join() {
     }
     // Control lines zeroed before the header is published: a joiner never
     // sees a previous user's flags.
-    std::vector<uint8_t> zeros(plan.slots_offset, 0);
+    std::vector<uint8_t> zeros(plan.p2p_buffers_offset, 0);
     c_.CopyToPool(block_, zeros.data(), zeros.size());
     h.version = kCommVersion;
     h.nranks = nranks_;
@@ -273,7 +273,7 @@ absl::Status Communicator::Join() {
     h.instance = std::random_device{}() | (uint64_t{std::random_device{}()} << 32) | 1;
     h.creator_slot = m.slot();
     h.creator_epoch = m.epoch();
-    h.slots_offset = plan.slots_offset;
+    h.p2p_buffers_offset = plan.p2p_buffers_offset;
     h.p2p_offset = plan.p2p_offset;
     h.magic = kCommMagic;
     h.checksum = HeaderChecksum(h);
@@ -302,10 +302,11 @@ absl::Status Communicator::Join() {
                                                      nranks_, " ranks, but rank 0 made it for ",
                                                      h.nranks));
     }
-    const Plan plan = PlanFor(h.nranks, h.slot_bytes, h.p2p_bytes);
+    const Plan plan = PlanFor(h.nranks, h.p2p_bytes);
     auto found = alloc_.Find(name_);
-    if (!found.ok() || found->size < plan.total || h.slots_offset != plan.slots_offset ||
-        h.p2p_offset != plan.p2p_offset) {
+    if (!found.ok() || found->size < plan.total ||
+        h.p2p_buffers_offset != plan.p2p_buffers_offset || h.p2p_offset != plan.p2p_offset ||
+        h.slot_bytes < 4096 || h.slot_bytes > (1ull << 30)) {
       return absl::DataLossError(absl::StrCat("communicator ", name_, "'s header describes ",
                                               plan.total, " bytes that its block does not hold"));
     }
@@ -313,15 +314,17 @@ absl::Status Communicator::Join() {
   instance_ = h.instance;
   slot_bytes_ = h.slot_bytes;
   p2p_bytes_ = h.p2p_bytes;
-  slots_offset_ = h.slots_offset;
   p2p_offset_ = h.p2p_offset;
-  p2p_buffers_offset_ = PlanFor(nranks_, slot_bytes_, p2p_bytes_).p2p_buffers_offset;
+  p2p_buffers_offset_ = h.p2p_buffers_offset;
+  CXLRT_RETURN_IF_ERROR(AllocateSlots());
 
   JoinLayout me = {};
   me.instance = instance_;
   me.host_slot = m.slot();
   me.host_epoch = m.epoch();
   me.pid = static_cast<uint32_t>(getpid());
+  me.slots[0] = my_slots_[0];
+  me.slots[1] = my_slots_[1];
   c_.Publish(RankAt(rank_) + sizeof(uint64_t), reinterpret_cast<const uint8_t*>(&me) + 8,
              sizeof(me) - 8);
   c_.StoreFlag(RankAt(rank_), static_cast<uint64_t>(JoinState::kJoined));
@@ -339,6 +342,15 @@ absl::Status Communicator::Join() {
           return peers_[j].instance == instance_;
         },
         deadline, "every rank to join");
+    if (s.ok()) {
+      for (uint64_t slot : peers_[j].slots) {
+        if (slot == 0 || slot > pool_.size() || slot_bytes_ > pool_.size() - slot) {
+          return absl::DataLossError(absl::StrCat("rank ", j, " of ", name_,
+                                                  " published a data slot at 0x", absl::Hex(slot),
+                                                  " outside the pool"));
+        }
+      }
+    }
     if (!s.ok()) {
       return absl::DeadlineExceededError(absl::StrCat("rank ", j, " of ", name_,
                                                       " did not join within ",
@@ -363,6 +375,7 @@ absl::Status Communicator::Destroy() {
   destroyed_ = true;
   for (PoolOffset b : buffers_) (void)alloc_.Free(b);
   buffers_.clear();
+  FreeSlots();  // after the barrier: nobody reads them any more
   if (failed_.ok()) c_.StoreFlag(RankAt(rank_), static_cast<uint64_t>(JoinState::kLeft));
   if (rank_ == 0) {
     // Every rank has left (or died, or aborted); then the block goes.
@@ -382,6 +395,31 @@ absl::Status Communicator::Destroy() {
     CXLRT_RETURN_IF_ERROR(alloc_.FreeNamed(name_));
   }
   return barrier.ok() || !failed_.ok() ? absl::OkStatus() : barrier;
+}
+
+absl::Status Communicator::AllocateSlots() {
+  const uint32_t devices = pool_.devices().count();
+  for (int p = 0; p < 2; ++p) {
+    allocator::AllocOptions o;
+    o.alignment = 4096;
+    if (devices > 1) o.device = static_cast<int>((rank_ + p) % devices);
+    auto slot = alloc_.Allocate(slot_bytes_, o);
+    if (!slot.ok()) {
+      FreeSlots();
+      return absl::Status(slot.status().code(),
+                          absl::StrCat("rank ", rank_, " of ", name_, ": its data slot of ",
+                                       slot_bytes_, " bytes: ", slot.status().message()));
+    }
+    my_slots_[p] = *slot;
+  }
+  return absl::OkStatus();
+}
+
+void Communicator::FreeSlots() {
+  for (PoolOffset& s : my_slots_) {
+    if (s != 0) (void)alloc_.Free(s);
+    s = 0;
+  }
 }
 
 void Communicator::Abort(absl::string_view why) {

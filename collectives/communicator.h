@@ -26,6 +26,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -134,6 +135,8 @@ class Communicator {
 
   // Rounds run so far (for tests and benchmarks).
   uint64_t rounds() const { return round_; }
+  // Where this rank's two data slots lie in the pool (diagnostics, tests).
+  std::pair<PoolOffset, PoolOffset> slots() const { return {my_slots_[0], my_slots_[1]}; }
 
  private:
   class PeerWatch;
@@ -149,14 +152,15 @@ class Communicator {
   Communicator(allocator::Allocator& alloc, std::string name, int nranks, int rank,
                const CommOptions& options);
   absl::Status Join();
+  // Allocates this rank's two slots (striped over the pool's devices).
+  absl::Status AllocateSlots();
+  void FreeSlots();
 
   PoolOffset RankAt(int r) const { return block_ + sizeof(CommHeaderLayout) + r * 256ull; }
   PoolOffset PostAt(int r, uint64_t round) const {
     return RankAt(r) + offsetof(RankLayout, post) + (round & 1) * sizeof(PostLayout);
   }
-  PoolOffset SlotAt(int r, uint64_t round) const {
-    return block_ + slots_offset_ + (uint64_t(r) * 2 + (round & 1)) * slot_bytes_;
-  }
+  PoolOffset SlotAt(int r, uint64_t round) const { return peers_[r].slots[round & 1]; }
   PoolOffset P2pAt(int s, int d) const {
     return block_ + p2p_offset_ + (uint64_t(s) * nranks_ + d) * sizeof(P2pLayout);
   }
@@ -195,7 +199,8 @@ class Communicator {
   CommOptions options_;
   PoolOffset block_ = 0;
   uint64_t slot_bytes_ = 0, p2p_bytes_ = 0;
-  uint64_t slots_offset_ = 0, p2p_offset_ = 0, p2p_buffers_offset_ = 0;
+  uint64_t p2p_offset_ = 0, p2p_buffers_offset_ = 0;
+  PoolOffset my_slots_[2] = {0, 0};  // allocated by this rank
   uint64_t instance_ = 0;
   std::vector<JoinLayout> peers_;  // as joined
   std::unique_ptr<PeerWatch> watch_;

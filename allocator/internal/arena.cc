@@ -710,7 +710,8 @@ absl::StatusOr<PoolOffset> ArenaState::AllocPages(uint32_t pages, bool durable,
 }
 
 absl::StatusOr<PoolOffset> ArenaState::AllocHuge(uint64_t size, uint64_t alignment, bool durable,
-                                                 const LockRunner& lock) {
+                                                 const LockRunner& lock, PoolOffset begin,
+                                                 PoolOffset end) {
   const AllocatorHeaderLayout& h = meta_.header();
   const uint64_t n64 = (size + kSegmentSize - 1) / kSegmentSize;
   if (n64 > h.segment_count - h.meta_segments) {
@@ -734,6 +735,7 @@ absl::StatusOr<PoolOffset> ArenaState::AllocHuge(uint64_t size, uint64_t alignme
     }
     for (uint32_t i = h.meta_segments; i + n <= h.segment_count; ++i) {
       if (meta_.SegOffset(i) % alignment != 0) continue;
+      if (meta_.SegOffset(i) < begin || meta_.SegOffset(i) + n64 * kSegmentSize > end) continue;
       bool free = true;
       for (uint32_t k = 0; k < n && free; ++k) {
         free = e[i + k].state == static_cast<uint32_t>(SegmentState::kFree);
@@ -789,6 +791,12 @@ absl::StatusOr<PoolOffset> ArenaState::Allocate(uint64_t size, uint64_t alignmen
     return AllocPages(static_cast<uint32_t>((size + kPageSize - 1) / kPageSize), durable, lock);
   }
   return AllocHuge(size, std::max<uint64_t>(alignment, kSegmentSize), durable, lock);
+}
+
+absl::StatusOr<PoolOffset> ArenaState::AllocateIn(uint64_t size, uint64_t alignment, bool durable,
+                                                  const LockRunner& lock, PoolOffset begin,
+                                                  PoolOffset end) {
+  return AllocHuge(size, std::max<uint64_t>(alignment, kSegmentSize), durable, lock, begin, end);
 }
 
 absl::Status ArenaState::Free(PoolOffset off, bool allow_named, const LockRunner& lock) {

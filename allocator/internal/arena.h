@@ -173,6 +173,9 @@ class ArenaState {
 
   absl::StatusOr<PoolOffset> Allocate(uint64_t size, uint64_t alignment, bool durable,
                                       const LockRunner& lock);
+  // A run of whole segments inside the pool range [begin, end) (one device).
+  absl::StatusOr<PoolOffset> AllocateIn(uint64_t size, uint64_t alignment, bool durable,
+                                        const LockRunner& lock, PoolOffset begin, PoolOffset end);
   // The common cases, with nothing written to the pool: a private block of
   // class `cls` from the cache (0 when the cache is empty), and a free of
   // a private small block of this arena into a cache with room (false when
@@ -219,7 +222,8 @@ class ArenaState {
   absl::StatusOr<PoolOffset> AllocSmall(uint32_t cls, bool durable, const LockRunner& lock);
   absl::StatusOr<PoolOffset> AllocPages(uint32_t pages, bool durable, const LockRunner& lock);
   absl::StatusOr<PoolOffset> AllocHuge(uint64_t size, uint64_t alignment, bool durable,
-                                       const LockRunner& lock);
+                                       const LockRunner& lock, PoolOffset begin = 0,
+                                       PoolOffset end = ~PoolOffset{0});
   // Marks up to `want` free blocks of segment `s` allocated and caches them.
   uint32_t Refill(Segment& s, uint32_t want);
   // Claims a free segment as a slab of `cls` (or a page segment).

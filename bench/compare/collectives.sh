@@ -53,10 +53,8 @@ for n in "${RANKS[@]}"; do
     echo "# $coll, $n ranks: cxlrt" >&2
     build/bin/cxlrt bench "$coll" -b "$MIN" -e "$MAX" -f 2 -n "$ITERS" -w "$WARMUP" \
       --ranks "$n" --json | sed 's/^{/{"peer": "cxlrt", /' >>"$OUT"
-    if [ "$coll" = allreduce ]; then
-      build/bin/cxlrt bench "$coll" -b "$MIN" -e "$MAX" -f 2 -n "$ITERS" -w "$WARMUP" \
-        --ranks "$n" --in-pool --json | sed 's/^{/{"peer": "cxlrt-pool", /' >>"$OUT"
-    fi
+    build/bin/cxlrt bench "$coll" -b "$MIN" -e "$MAX" -f 2 -n "$ITERS" -w "$WARMUP" \
+      --ranks "$n" --in-pool --json | sed 's/^{/{"peer": "cxlrt-pool", /' >>"$OUT"
     for pml in "--mca pml ob1 --mca btl self,vader" \
                "--mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any"; do
       echo "# $coll, $n ranks: Open MPI $pml" >&2
@@ -73,11 +71,26 @@ for n in "${RANKS[@]}"; do
         { echo "# Gloo failed:" >&2; tail -5 "$WORK/gloo.err" >&2; } ;;
     esac
   done
+  # 8-byte all-reduce latency: many iterations, time per call.
+  echo "# 8-byte allreduce latency, $n ranks" >&2
+  build/bin/cxlrt bench allreduce -b 8 -e 8 -n 5000 -w 500 --ranks "$n" --json |
+    sed 's/^{/{"peer": "cxlrt", "latency": true, /' >>"$OUT"
+  for pml in "--mca pml ob1 --mca btl self,vader" \
+             "--mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any"; do
+    unshare -n sh -c "ip link set lo up && mpirun --allow-run-as-root --oversubscribe \
+        -x GLIBC_TUNABLES --bind-to none -np $n $pml \
+        $WORK/mpi_coll allreduce 8 8 2 5000 500" 2>>"$WORK/mpi.err" |
+      sed 's/^{/{"latency": true, /' >>"$OUT" || true
+  done
+  GLOO_SOCKET_IFNAME=lo /usr/bin/python3 bench/compare/gloo_coll.py allreduce "$n" 8 8 2 2000 200 \
+    2>>"$WORK/gloo.err" | sed 's/^{/{"latency": true, /' >>"$OUT" || true
 done
 
 /usr/bin/python3 - "$OUT" <<'PY'
 import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip().startswith("{")]
+every = [json.loads(l) for l in open(sys.argv[1]) if l.strip().startswith("{")]
+rows = [r for r in every if not r.get("latency")]
+lat = [r for r in every if r.get("latency")]
 memcpy = next((r["memcpy_gbps"] for r in rows if "memcpy_gbps" in r), 0)
 print(f"# busbw in GB/s (nccl-tests formulas); this machine's memcpy: {memcpy:.2f} GB/s")
 print(f"# cxlrt: private buffers; cxlrt-pool: buffers in the pool (zero-copy); MPI: the better "
@@ -96,5 +109,15 @@ for coll, n, b in keys:
     ratio = lambda x: "%.2f" % (x / best) if x and best else "-"
     print("%-14s %5d %10d %9s %10s %9s %9s %11s %11s" % (coll, n, b, f(c), f(p), f(m), f(g),
           ratio(c), ratio(p)))
-# 8-byte all-reduce latency is measured apart: cxlrt bench allreduce -b 8 -e 8
+print()
+print("# 8-byte allreduce latency (us per call; MPI: the better transport)")
+print("%5s %9s %9s %9s %11s" % ("ranks", "cxlrt", "mpi", "gloo", "cxlrt/best"))
+for n in sorted({r["ranks"] for r in lat}):
+    def t(peer):
+        v = [r["time_us"] for r in lat if r["peer"] == peer and r["ranks"] == n]
+        return min(v) if v else None
+    c, m, g = t("cxlrt"), t("mpi"), t("gloo")
+    best = min([x for x in (m, g) if x] or [0])
+    f = lambda x: "%.2f" % x if x is not None else "-"
+    print("%5d %9s %9s %9s %11s" % (n, f(c), f(m), f(g), "%.2f" % (c / best) if c and best else "-"))
 PY

@@ -465,6 +465,30 @@ TEST_P(AllocatorTest, AThreadThatOutlivesItsAllocatorLeavesNothingBehind) {
   EXPECT_EQ(b.alloc->LocalStats().bytes_in_use, 0u);
 }
 
+TEST(AllocatorDeviceTest, BlocksPlacedOnADeviceLieWithinItAndBadDevicesAreRefused) {
+  TempDir dir;
+  const std::string uri = PoolUri(dir, "devices=2", "128M");
+  Host h = OpenHost(uri, true);
+  ASSERT_NE(h.alloc, nullptr);
+  const runtime::DeviceMap& d = h.pool->devices();
+  ASSERT_EQ(d.count(), 2u);
+  for (int dev : {0, 1, 1, 0}) {
+    for (uint64_t size : {uint64_t{4096}, uint64_t{3} << 20}) {
+      auto off = h.alloc->Allocate(size, {.device = dev});
+      ASSERT_TRUE(off.ok()) << off.status();
+      EXPECT_EQ(d.DeviceOf(*off), static_cast<uint32_t>(dev));
+      EXPECT_EQ(d.DeviceOf(*off + size - 1), static_cast<uint32_t>(dev)) << "spills over";
+      CXLRT_EXPECT_OK(h.alloc->Free(*off));
+    }
+  }
+  CXLRT_EXPECT_ERROR(h.alloc->Allocate(64, {.device = 2}), absl::StatusCode::kInvalidArgument,
+                     "device 2");
+  // More than a device holds: a clear error, not a block across two.
+  CXLRT_EXPECT_ERROR(h.alloc->Allocate(100 << 20, {.device = 0}),
+                     absl::StatusCode::kResourceExhausted, "");
+  ExpectAuditClean(*h.pool);
+}
+
 TEST(PoolPtrTest, ResolvesInTheMappingAndChecksRawPointers) {
   TempDir dir;
   auto pool = Pool::Create(PoolUri(dir));

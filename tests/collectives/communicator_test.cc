@@ -388,9 +388,12 @@ absl::StatusOr<RankHost> OpenRankHost(const std::string& uri) {
 
 class CollectivesTest : public ::testing::TestWithParam<CoherenceDomain> {
  protected:
+  // More URI parameters for the pool (subclasses).
+  virtual std::string Extra() const { return ""; }
   void SetUp() override {
     create_ =
-        PoolUri(dir_, absl::StrCat("coherence=", runtime::CoherenceDomainName(GetParam())), "512M");
+        PoolUri(dir_, absl::StrCat("coherence=", runtime::CoherenceDomainName(GetParam()), Extra()),
+                "512M");
     auto p = runtime::Pool::Create(create_);
     ASSERT_TRUE(p.ok()) << p.status();
     uri_ = OpenUri(create_);
@@ -732,11 +735,37 @@ TEST_P(CollectivesTest, BadArgumentsAreRefusedWithoutTouchingTheCommunicator) {
       absl::Seconds(60), {}, "test");
 }
 
+// A pool of two devices: each rank's slots alternate devices by round
+// parity and differ between neighbouring ranks, so every round spreads over
+// both devices and a root's rounds rotate between them.
+class StripedCollectivesTest : public CollectivesTest {
+  std::string Extra() const override { return "&devices=2"; }
+};
+
+TEST_P(StripedCollectivesTest, SlotsAreStripedOverDevicesAndCollectivesStayExact) {
+  RunRanks(3, [](Communicator& comm, allocator::Allocator& alloc) -> std::string {
+    const runtime::DeviceMap& d = alloc.pool().devices();
+    if (d.count() != 2) return absl::StrCat("the pool has ", d.count(), " devices");
+    const auto [s0, s1] = comm.slots();
+    const uint32_t r = comm.rank();
+    if (d.DeviceOf(s0) != r % 2 || d.DeviceOf(s1) != (r + 1) % 2) {
+      return absl::StrCat("rank ", r, "'s slots are on devices ", d.DeviceOf(s0), " and ",
+                          d.DeviceOf(s1));
+    }
+    std::vector<Case> cases;
+    for (CollKind k : AllKinds()) {
+      cases.push_back(
+          {k, DataType::kFloat32, RedOp::kSum, 300000, Rooted(k) ? 2 : -1, false, false});
+    }
+    return RunAll(comm, cases);
+  });
+}
+
 TEST(RankFromEnvironmentTest, ReadsEveryLauncherAndRejectsNonsense) {
-  const char* const kVars[] = {"CXLRT_RANK",   "CXLRT_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
-                               "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
-                               "SLURM_PROCID", "SLURM_NTASKS",     "RANK",
-                               "WORLD_SIZE"};
+  const char* const kVars[] = {
+      "CXLRT_RANK", "CXLRT_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+      "PMI_RANK",   "PMI_SIZE",         "SLURM_PROCID",         "SLURM_NTASKS",
+      "RANK",       "WORLD_SIZE"};
   for (const char* v : kVars) unsetenv(v);
   EXPECT_EQ(RankFromEnvironment().status().code(), absl::StatusCode::kNotFound);
   const struct {
@@ -786,6 +815,9 @@ TEST(ReduceTest, SixteenBitFloatsAccumulateInFp32AndIntegersWrap) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Domains, CollectivesTest,
+                         ::testing::Values(CoherenceDomain::kHardware,
+                                           CoherenceDomain::kSimulated));
+INSTANTIATE_TEST_SUITE_P(Domains, StripedCollectivesTest,
                          ::testing::Values(CoherenceDomain::kHardware,
                                            CoherenceDomain::kSimulated));
 
