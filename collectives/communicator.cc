@@ -22,6 +22,7 @@ namespace {
 using runtime::PoolOffset;
 
 constexpr uint64_t kAlign = 4096;
+constexpr PoolOffset kNotInPool = ~PoolOffset{0};
 // Data-path waits yield (rather than sleep) this long: a peer is normally
 // microseconds away, and a sleep overshoots by tens of them.
 constexpr absl::Duration kYieldFor = absl::Milliseconds(20);
@@ -619,15 +620,20 @@ absl::Status Communicator::AllReduce(const void* send, void* recv, size_t count,
   auto* out = static_cast<uint8_t*>(recv);
   const auto* in = static_cast<const uint8_t*>(send);
   std::vector<const void*> srcs(nranks_);
-  const auto zc_in = send != recv ? InPool(send, bytes) : std::nullopt;
+  // The send buffer's offset when it lies in the pool (posted in place).
+  const PoolOffset zc_in = send != recv ? InPool(send, bytes).value_or(kNotInPool) : kNotInPool;
+  const bool zc = zc_in != kNotInPool;
   if (bytes <= options_.oneshot_max || nranks_ == 1) {
     // One-shot: every rank reads every rank's chunk and reduces, in rank
     // order (so every rank gets the same bits).
-    const size_t chunk = zc_in ? std::max<size_t>(bytes, es) : slot_bytes_ / es * es;
+    // Chunks follow the slot size on every rank, in place or not: ranks
+    // choose in-place posting each for itself, and must still run the same
+    // rounds.
+    const size_t chunk = slot_bytes_ / es * es;
     for (size_t at = 0; at < bytes || (at == 0 && bytes == 0); at += chunk) {
       const size_t len = std::min(chunk, bytes - at);
-      if (zc_in) {
-        CXLRT_RETURN_IF_ERROR(ExchangeInPlace(*zc_in + at, len));
+      if (zc) {
+        CXLRT_RETURN_IF_ERROR(ExchangeInPlace(zc_in + at, len));
       } else {
         CXLRT_RETURN_IF_ERROR(Exchange({{in + at, len}}));
       }
@@ -636,7 +642,7 @@ absl::Status Communicator::AllReduce(const void* send, void* recv, size_t count,
       EndRound();
       if (bytes == 0) break;
     }
-    if (zc_in) CXLRT_RETURN_IF_ERROR(AwaitPeersDone(round_));
+    if (zc) CXLRT_RETURN_IF_ERROR(AwaitPeersDone(round_));
     return absl::OkStatus();
   }
   // Two-shot: round A posts the chunk (in place when the send buffer lies in
@@ -646,12 +652,12 @@ absl::Status Communicator::AllReduce(const void* send, void* recv, size_t count,
   // copies: a peer that reads lines this core has just written pulls them
   // out of its cache, which is slower here than reading them from memory
   // after non-temporal stores.
-  const size_t chunk_elems = std::max<size_t>(1, slot_bytes_ / es) * (zc_in ? nranks_ : 1);
+  const size_t chunk_elems = std::max<size_t>(1, slot_bytes_ / es);  // same on every rank
   for (size_t first = 0; first < count; first += chunk_elems) {
     const size_t m = std::min(chunk_elems, count - first);
     const size_t lo = m * rank_ / nranks_, hi = m * (rank_ + 1) / nranks_;
-    if (zc_in) {
-      CXLRT_RETURN_IF_ERROR(ExchangeInPlace(*zc_in + first * es, m * es));
+    if (zc) {
+      CXLRT_RETURN_IF_ERROR(ExchangeInPlace(zc_in + first * es, m * es));
     } else {
       // Peers read every shard but ours: ours stays out of the pool.
       const uint8_t* chunk = in + first * es;
@@ -712,7 +718,7 @@ absl::Status Communicator::AllGather(const void* send, void* recv, size_t sendco
   auto* out = static_cast<uint8_t*>(recv);
   const size_t bytes = sendcount * es;
   const auto zc = InPool(send, bytes);
-  const size_t chunk = zc ? std::max<size_t>(bytes, 1) : slot_bytes_ / es * es;
+  const size_t chunk = slot_bytes_ / es * es;  // same on every rank, in place or not
   for (size_t at = 0; at < bytes || (at == 0 && bytes == 0); at += chunk) {
     const size_t len = std::min(chunk, bytes - at);
     if (zc) {

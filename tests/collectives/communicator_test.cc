@@ -194,7 +194,8 @@ struct Case {
   size_t count;  // NCCL's count argument of the call
   int root;
   bool in_place;
-  bool in_pool;  // buffers from comm.Allocate (zero-copy)
+  bool in_pool;        // buffers from comm.Allocate (zero-copy)
+  bool mixed = false;  // in_pool on rank 0 only: ranks disagree on zero-copy
 };
 
 std::string Name(const Case& c) {
@@ -235,8 +236,9 @@ std::string RunCase(Communicator& comm, const Case& c) {
   std::vector<uint8_t> own_send, own_recv;
   uint8_t *send = nullptr, *recv = nullptr;
   std::vector<void*> pool_bufs;
+  const bool in_pool = c.in_pool && (!c.mixed || r == 0);
   auto buffer = [&](size_t elems, std::vector<uint8_t>& own) -> uint8_t* {
-    if (c.in_pool) {
+    if (in_pool) {
       auto p = comm.Allocate(std::max<size_t>(elems * es, 1));
       if (!p.ok()) return nullptr;
       pool_bufs.push_back(*p);
@@ -563,6 +565,19 @@ TEST_P(CollectivesTest, SmallSlotsPipelineLargeMessagesThroughManyChunks) {
   RunRanks(
       3, [&](Communicator& comm, allocator::Allocator&) { return RunAll(comm, cases); },
       absl::Seconds(120), o);
+}
+
+TEST_P(CollectivesTest, RanksThatDisagreeOnZeroCopyStillRunTheSameRounds) {
+  // Rank 0's buffers lie in the pool, the others' do not: chunking must not
+  // depend on it, or the ranks would run different numbers of rounds.
+  std::vector<Case> cases;
+  for (size_t count : {size_t{1000}, (size_t{3} << 20) / 4 + 5}) {
+    for (CollKind k : {CollKind::kAllReduce, CollKind::kAllGather, CollKind::kBroadcast}) {
+      cases.push_back({k, DataType::kFloat32, RedOp::kSum, count,
+                       k == CollKind::kBroadcast ? 0 : -1, false, true, true});
+    }
+  }
+  RunRanks(3, [&](Communicator& comm, allocator::Allocator&) { return RunAll(comm, cases); });
 }
 
 TEST_P(CollectivesTest, AMismatchedCallIsAnErrorOnEveryRankNamingBoth) {
