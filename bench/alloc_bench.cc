@@ -202,9 +202,64 @@ double CrossHostFrees(const std::string& uri, uint64_t size, uint64_t n, int run
   return rates[0] > 0 ? rates[1] : 0;
 }
 
+// Host 0 allocates `n` blocks and publishes their offsets in one named
+// block; host 1 copies the list out, then frees them all: each a remote
+// free (checked against the owner's metadata, queued, pushed through the
+// ring in batches of 16). Returns host 1's frees per second, the last
+// push included. Unlike CrossHostFrees there is no per-block handoff, so
+// this is what a host's remote frees cost, without the benchmark's
+// transport.
+double RemoteFreeRate(const std::string& uri, uint64_t size, uint64_t n, int run) {
+  const std::string name = absl::StrCat("bench/remote/", size, "/", run);
+  const uint64_t token = static_cast<uint64_t>(NowNs()) | 1;
+  auto rates = InHosts(2, [&](int i) -> double {
+    auto h = OpenHost(uri);
+    if (!h.ok()) return 0;
+    runtime::Coherence& c = h->pool->coherence();
+    const int64_t give_up = NowNs() + 60'000'000'000;
+    // Layout: token (host 0), done (host 1), then n offsets.
+    if (i == 0) {
+      auto list = h->alloc->AllocateNamed(name, 128 + n * 8);
+      if (!list.ok()) return 0;
+      struct Unname {
+        Allocator& a;
+        const std::string& name;
+        ~Unname() { (void)a.FreeNamed(name); }
+      } unname{*h->alloc, name};
+      std::vector<PoolOffset> offs(n);
+      for (uint64_t k = 0; k < n; ++k) {
+        auto off = h->alloc->Allocate(size);
+        if (!off.ok()) return 0;
+        offs[k] = *off;
+      }
+      c.StoreFlag(*list + 64, 0);
+      c.CopyToPool(*list + 128, offs.data(), n * 8);
+      c.StoreFlag(*list, token);
+      while (c.LoadFlag(*list + 64) != token && NowNs() < give_up) usleep(200);
+      return 1;
+    }
+    absl::StatusOr<allocator::NamedBlock> list;
+    while (!(list = h->alloc->Find(name)).ok() || c.LoadFlag(list->offset) != token) {
+      if (NowNs() > give_up) return 0;
+      usleep(100);
+    }
+    std::vector<PoolOffset> offs(n);
+    c.CopyFromPool(offs.data(), list->offset + 128, n * 8);
+    const int64_t t0 = NowNs();
+    for (PoolOffset off : offs) {
+      if (!h->alloc->Free(off).ok()) return 0;
+    }
+    (void)h->alloc->Tick();  // pushes the queued rest (what the ring has room for)
+    const double rate = Rate(n, NowNs() - t0);
+    c.StoreFlag(list->offset + 64, token);
+    return rate;
+  });
+  return rates[0] > 0 ? rates[1] : 0;
+}
+
 struct Row {
   uint64_t size;
-  double glibc, mimalloc, cxlrt_local, cxlrt_two_hosts, cross_host;
+  double glibc, mimalloc, cxlrt_local, cxlrt_two_hosts, cross_host, remote_frees;
 };
 
 std::string Mops(double r) { return r > 0 ? absl::StrFormat("%.2f", r / 1e6) : "-"; }
@@ -227,7 +282,7 @@ int RunAllocBench(const AllocBenchOptions& o) {
   std::vector<uint64_t> sizes = o.sizes;
   if (sizes.empty()) sizes.assign(std::begin(kSizes), std::end(kSizes));
   for (uint64_t size : sizes) {
-    Row r{size, 0, 0, 0, 0, 0};
+    Row r{size, 0, 0, 0, 0, 0, 0};
     auto median = [&](const std::function<double()>& fn) {
       return Summarize(Repeat(o.reps, fn)).median;
     };
@@ -262,6 +317,14 @@ int RunAllocBench(const AllocBenchOptions& o) {
     for (int k = 0; k < std::max(1, o.reps / 2); ++k)
       cross.push_back(CrossHostFrees(open_uri, size, n, k));
     r.cross_host = Summarize(cross).median;
+    // At most 256 MiB and a million blocks outstanding.
+    const uint64_t nr = std::clamp<uint64_t>(
+        std::min<uint64_t>(n, (256ull << 20) / std::max<uint64_t>(size, 64)), 16, 1 << 20);
+    std::vector<double> remote;
+    for (int k = 0; k < std::max(1, o.reps / 2); ++k) {
+      remote.push_back(RemoteFreeRate(open_uri, size, nr, k));
+    }
+    r.remote_frees = Summarize(remote).median;
     rows.push_back(r);
   }
 
@@ -277,6 +340,8 @@ int RunAllocBench(const AllocBenchOptions& o) {
           {"cxlrt_local_pairs_per_s", r.cxlrt_local},
           {"cxlrt_two_hosts_pairs_per_s", r.cxlrt_two_hosts},
           {"cxlrt_cross_host_frees_per_s", r.cross_host},
+          {"cxlrt_remote_frees_per_s", r.remote_frees},
+          {"remote_vs_local", r.cxlrt_local > 0 ? r.remote_frees / r.cxlrt_local : 0},
           {"pair_time_vs_glibc", r.cxlrt_local > 0 ? r.glibc / r.cxlrt_local : 0},
           {"cross_vs_local", r.cxlrt_local > 0 ? r.cross_host / r.cxlrt_local : 0}};
       if (r.mimalloc > 0) row["mimalloc_pairs_per_s"] = r.mimalloc;
@@ -289,15 +354,23 @@ int RunAllocBench(const AllocBenchOptions& o) {
               o.reps);
   std::printf("# this machine's memcpy: %s; rates in millions of allocate+free pairs per second\n",
               FormatGbps(memcpy_bw.median).c_str());
-  std::printf("%10s %9s %9s %9s %12s %11s %11s %12s\n", "size", "glibc", "mimalloc", "cxlrt",
-              "time/glibc", "cxlrt 2 h", "cross-host", "cross/local");
+  std::printf(
+      "# cross-host: one host allocates, hands each block over, the other frees it "
+      "(end to end); remote: frees/s of a host freeing another's blocks\n");
+  std::printf("%10s %9s %9s %9s %12s %11s %11s %12s %9s %13s\n", "size", "glibc", "mimalloc",
+              "cxlrt", "time/glibc", "cxlrt 2 h", "cross-host", "cross/local", "remote",
+              "remote/local");
   for (const Row& r : rows) {
-    std::printf(
-        "%10llu %9s %9s %9s %12s %11s %11s %12s\n", static_cast<unsigned long long>(r.size),
-        Mops(r.glibc).c_str(), Mops(r.mimalloc).c_str(), Mops(r.cxlrt_local).c_str(),
-        r.cxlrt_local > 0 ? absl::StrFormat("%.2f", r.glibc / r.cxlrt_local).c_str() : "-",
-        Mops(r.cxlrt_two_hosts).c_str(), Mops(r.cross_host).c_str(),
-        r.cxlrt_local > 0 ? absl::StrFormat("%.2f", r.cross_host / r.cxlrt_local).c_str() : "-");
+    auto ratio = [&](double x) {
+      return r.cxlrt_local > 0 ? absl::StrFormat("%.2f", x / r.cxlrt_local) : std::string("-");
+    };
+    std::printf("%10llu %9s %9s %9s %12s %11s %11s %12s %9s %13s\n",
+                static_cast<unsigned long long>(r.size), Mops(r.glibc).c_str(),
+                Mops(r.mimalloc).c_str(), Mops(r.cxlrt_local).c_str(),
+                r.cxlrt_local > 0 ? absl::StrFormat("%.2f", r.glibc / r.cxlrt_local).c_str() : "-",
+                Mops(r.cxlrt_two_hosts).c_str(), Mops(r.cross_host).c_str(),
+                ratio(r.cross_host).c_str(), Mops(r.remote_frees).c_str(),
+                ratio(r.remote_frees).c_str());
   }
   return 0;
 }
