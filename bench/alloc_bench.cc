@@ -216,8 +216,8 @@ double RemoteFreeRate(const std::string& uri, uint64_t size, uint64_t n, int run
     auto h = OpenHost(uri);
     if (!h.ok()) return 0;
     runtime::Coherence& c = h->pool->coherence();
-    const int64_t give_up = NowNs() + 60'000'000'000;
-    // Layout: token (host 0), done (host 1), then n offsets.
+    const int64_t give_up = NowNs() + 20'000'000'000;
+    // Layout: token and count (host 0), done (host 1), then the offsets.
     if (i == 0) {
       auto list = h->alloc->AllocateNamed(name, 128 + n * 8);
       if (!list.ok()) return 0;
@@ -226,15 +226,23 @@ double RemoteFreeRate(const std::string& uri, uint64_t size, uint64_t n, int run
         const std::string& name;
         ~Unname() { (void)a.FreeNamed(name); }
       } unname{*h->alloc, name};
-      std::vector<PoolOffset> offs(n);
+      std::vector<PoolOffset> offs;
       for (uint64_t k = 0; k < n; ++k) {
         auto off = h->alloc->Allocate(size);
-        if (!off.ok()) return 0;
-        offs[k] = *off;
+        if (!off.ok()) {
+          std::fprintf(stderr, "cxlrt bench alloc: remote frees: %s\n",
+                       off.status().ToString().c_str());
+          for (PoolOffset o : offs) (void)h->alloc->Free(o);
+          offs.clear();
+          break;
+        }
+        offs.push_back(*off);
       }
       c.StoreFlag(*list + 64, 0);
-      c.CopyToPool(*list + 128, offs.data(), n * 8);
+      c.StoreFlag(*list + 8, offs.size());  // 0: host 1 gives up at once
+      c.CopyToPool(*list + 128, offs.data(), offs.size() * 8);
       c.StoreFlag(*list, token);
+      if (offs.empty()) return 0;
       while (c.LoadFlag(*list + 64) != token && NowNs() < give_up) usleep(200);
       return 1;
     }
@@ -243,6 +251,7 @@ double RemoteFreeRate(const std::string& uri, uint64_t size, uint64_t n, int run
       if (NowNs() > give_up) return 0;
       usleep(100);
     }
+    if (c.LoadFlag(list->offset + 8) != n) return 0;
     std::vector<PoolOffset> offs(n);
     c.CopyFromPool(offs.data(), list->offset + 128, n * 8);
     const int64_t t0 = NowNs();
@@ -317,9 +326,10 @@ int RunAllocBench(const AllocBenchOptions& o) {
     for (int k = 0; k < std::max(1, o.reps / 2); ++k)
       cross.push_back(CrossHostFrees(open_uri, size, n, k));
     r.cross_host = Summarize(cross).median;
-    // At most 256 MiB and a million blocks outstanding.
+    // At most a quarter of the pool and a million blocks outstanding.
     const uint64_t nr = std::clamp<uint64_t>(
-        std::min<uint64_t>(n, (256ull << 20) / std::max<uint64_t>(size, 64)), 16, 1 << 20);
+        std::min<uint64_t>(n, (*scratch)->pool().size() / 4 / std::max<uint64_t>(size, 64)), 16,
+        1 << 20);
     std::vector<double> remote;
     for (int k = 0; k < std::max(1, o.reps / 2); ++k) {
       remote.push_back(RemoteFreeRate(open_uri, size, nr, k));
