@@ -1,5 +1,6 @@
 #include "bench/alloc_bench.h"
 
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -158,9 +159,10 @@ double CrossHostFrees(const std::string& uri, uint64_t size, uint64_t n, int run
       } unname{*h->alloc, name};
       uint64_t tail = 0;
       for (uint64_t k = 0; k < n; ++k) {
-        while (k - tail >= kCap) {
+        for (int spins = 0; k - tail >= kCap; ++spins) {
           tail = c.LoadFlag(tail_at);
           if (NowNs() > give_up) return 0;
+          if (spins > 100) sched_yield();  // a loaded machine: let the consumer run
         }
         auto off = h->alloc->Allocate(size);
         if (!off.ok()) {
@@ -184,9 +186,10 @@ double CrossHostFrees(const std::string& uri, uint64_t size, uint64_t n, int run
     int64_t t0 = 0;
     uint64_t head = 0;
     for (uint64_t k = 0; k < n; ++k) {
-      while (k >= head) {
+      for (int spins = 0; k >= head; ++spins) {
         head = c.LoadFlag(head_at);
         if (NowNs() > give_up) return 0;
+        if (spins > 100) sched_yield();
       }
       if (k == 0) t0 = NowNs();
       PoolOffset off = 0;
