@@ -117,14 +117,16 @@ std::vector<double> InHosts(int count, const std::function<double(int)>& body) {
 // pool; host 1 frees it (a cross-host free, back through the allocator's
 // ring to host 0, which reclaims it in its allocation slow path). Returns
 // blocks per second end to end, measured by host 1.
-double CrossHostFrees(const std::string& uri, uint64_t size, uint64_t n, int run) {
+double CrossHostFrees(const std::string& uri, uint64_t pool_size, uint64_t size, uint64_t n,
+                      int run) {
   const std::string name = absl::StrCat("bench/handoff/", size, "/", run);
   // The handoff block is not zeroed when allocated: the consumer starts
   // only once the producer has reset it and stamped this run's token.
   const uint64_t token = static_cast<uint64_t>(NowNs()) | 1;
   constexpr uint64_t kBatch = 64;
-  // Blocks in flight: at most 4096, and at most 128 MiB of them.
-  const uint64_t kCap = std::clamp<uint64_t>((128ull << 20) / size, kBatch, 4096);
+  // Blocks in flight: at most 4096, and at most an eighth of the pool (the
+  // owner also holds blocks freed but not yet reclaimed).
+  const uint64_t kCap = std::clamp<uint64_t>(pool_size / 8 / size, kBatch, 4096);
   auto rates = InHosts(2, [&](int i) -> double {
     auto h = OpenHost(uri);
     if (!h.ok()) return 0;
@@ -147,10 +149,11 @@ double CrossHostFrees(const std::string& uri, uint64_t size, uint64_t n, int run
     }
     if (!ring.ok()) return 0;
     const PoolOffset head_at = *ring, tail_at = *ring + 128, token_at = *ring + 192,
-                     entries = *ring + 256;
+                     failed_at = *ring + 200, entries = *ring + 256;
     if (i == 0) {
       c.StoreFlag(head_at, 0);
       c.StoreFlag(tail_at, 0);
+      c.StoreFlag(failed_at, 0);
       c.StoreFlag(token_at, token);
       struct Unname {
         Allocator& a;
@@ -165,9 +168,16 @@ double CrossHostFrees(const std::string& uri, uint64_t size, uint64_t n, int run
           if (spins > 100) sched_yield();  // a loaded machine: let the consumer run
         }
         auto off = h->alloc->Allocate(size);
+        // Full while frees are still on their way back: take them in, retry.
+        while (absl::IsResourceExhausted(off.status()) && NowNs() < give_up) {
+          (void)h->alloc->Tick();
+          usleep(50);
+          off = h->alloc->Allocate(size);
+        }
         if (!off.ok()) {
           std::fprintf(stderr, "cxlrt bench alloc: cross-host producer: %s\n",
                        off.status().ToString().c_str());
+          c.StoreFlag(failed_at, 1);  // the consumer stops waiting
           return 0;
         }
         c.Write(entries + (k % kCap) * 8, &*off, 8);
@@ -188,7 +198,7 @@ double CrossHostFrees(const std::string& uri, uint64_t size, uint64_t n, int run
     for (uint64_t k = 0; k < n; ++k) {
       for (int spins = 0; k >= head; ++spins) {
         head = c.LoadFlag(head_at);
-        if (NowNs() > give_up) return 0;
+        if (NowNs() > give_up || c.LoadFlag(failed_at) != 0) return 0;
         if (spins > 100) sched_yield();
       }
       if (k == 0) t0 = NowNs();
@@ -327,7 +337,7 @@ int RunAllocBench(const AllocBenchOptions& o) {
     r.cxlrt_two_hosts = both[0] > 0 && both[1] > 0 ? both[0] + both[1] : 0;
     std::vector<double> cross;
     for (int k = 0; k < std::max(1, o.reps / 2); ++k)
-      cross.push_back(CrossHostFrees(open_uri, size, n, k));
+      cross.push_back(CrossHostFrees(open_uri, (*scratch)->pool().size(), size, n, k));
     r.cross_host = Summarize(cross).median;
     // At most a quarter of the pool and a million blocks outstanding.
     const uint64_t nr = std::clamp<uint64_t>(
