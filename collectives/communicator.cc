@@ -23,6 +23,10 @@ using runtime::PoolOffset;
 
 constexpr uint64_t kAlign = 4096;
 constexpr PoolOffset kNotInPool = ~PoolOffset{0};
+
+// Chunks of `chunk` that cover `total`: at least one, so that a call of no
+// elements still runs a round (and the ranks still check each other's call).
+size_t Chunks(size_t total, size_t chunk) { return total == 0 ? 1 : (total + chunk - 1) / chunk; }
 // Data-path waits yield (rather than sleep) this long: a peer is normally
 // microseconds away, and a sleep overshoots by tens of them.
 constexpr absl::Duration kYieldFor = absl::Milliseconds(20);
@@ -630,7 +634,7 @@ absl::Status Communicator::AllReduce(const void* send, void* recv, size_t count,
     // choose in-place posting each for itself, and must still run the same
     // rounds.
     const size_t chunk = slot_bytes_ / es * es;
-    for (size_t at = 0; at < bytes || (at == 0 && bytes == 0); at += chunk) {
+    for (size_t k = 0, at = 0; k < Chunks(bytes, chunk); ++k, at += chunk) {
       const size_t len = std::min(chunk, bytes - at);
       if (zc) {
         CXLRT_RETURN_IF_ERROR(ExchangeInPlace(zc_in + at, len));
@@ -640,7 +644,6 @@ absl::Status Communicator::AllReduce(const void* send, void* recv, size_t count,
       for (int j = 0; j < nranks_; ++j) srcs[j] = j == rank_ ? in + at : PeerBytes(j);
       collectives::Reduce(type, op, out + at, srcs.data(), nranks_, len / es, nranks_);
       EndRound();
-      if (bytes == 0) break;
     }
     if (zc) CXLRT_RETURN_IF_ERROR(AwaitPeersDone(round_));
     return absl::OkStatus();
@@ -692,7 +695,7 @@ absl::Status Communicator::ReduceScatter(const void* send, void* recv, size_t re
   const size_t per = std::max<size_t>(1, slot_bytes_ / es / nranks_);
   std::vector<const void*> srcs(nranks_);
   std::vector<Piece> pieces(nranks_);
-  for (size_t first = 0; first < recvcount || (first == 0 && recvcount == 0); first += per) {
+  for (size_t k = 0, first = 0; k < Chunks(recvcount, per); ++k, first += per) {
     const size_t m = std::min(per, recvcount - first);
     // Piece j at j * m in the slot; ours stays out of the pool.
     pieces.clear();
@@ -705,7 +708,6 @@ absl::Status Communicator::ReduceScatter(const void* send, void* recv, size_t re
     }
     collectives::Reduce(type, op, out + first * es, srcs.data(), nranks_, m, nranks_);
     EndRound();
-    if (recvcount == 0) break;
   }
   return absl::OkStatus();
 }
@@ -719,7 +721,7 @@ absl::Status Communicator::AllGather(const void* send, void* recv, size_t sendco
   const size_t bytes = sendcount * es;
   const auto zc = InPool(send, bytes);
   const size_t chunk = slot_bytes_ / es * es;  // same on every rank, in place or not
-  for (size_t at = 0; at < bytes || (at == 0 && bytes == 0); at += chunk) {
+  for (size_t k = 0, at = 0; k < Chunks(bytes, chunk); ++k, at += chunk) {
     const size_t len = std::min(chunk, bytes - at);
     if (zc) {
       CXLRT_RETURN_IF_ERROR(ExchangeInPlace(*zc + at, len));
@@ -732,7 +734,6 @@ absl::Status Communicator::AllGather(const void* send, void* recv, size_t sendco
       if (len && dst != src) runtime::CopyBytes(dst, src, len);
     }
     EndRound();
-    if (bytes == 0) break;
   }
   if (zc) CXLRT_RETURN_IF_ERROR(AwaitPeersDone(round_));
   return absl::OkStatus();
@@ -750,7 +751,7 @@ absl::Status Communicator::Broadcast(const void* send, void* recv, size_t count,
   // Every rank runs the same chunks: the root's choice of in-place is
   // not known to the others, so chunks follow the slot size.
   const size_t chunk = slot_bytes_ / es * es;
-  for (size_t at = 0; at < bytes || (at == 0 && bytes == 0); at += chunk) {
+  for (size_t k = 0, at = 0; k < Chunks(bytes, chunk); ++k, at += chunk) {
     const size_t len = std::min(chunk, bytes - at);
     if (is_root && zc) {
       CXLRT_RETURN_IF_ERROR(ExchangeInPlace(*zc + at, len));
@@ -761,7 +762,6 @@ absl::Status Communicator::Broadcast(const void* send, void* recv, size_t count,
     if (!is_root && len) runtime::CopyBytes(out + at, PeerBytes(root), len);
     if (is_root && len && out != in) runtime::CopyBytes(out + at, in + at, len);
     EndRound();
-    if (bytes == 0) break;
   }
   if (zc) CXLRT_RETURN_IF_ERROR(AwaitPeersDone(round_));
   return absl::OkStatus();
@@ -776,7 +776,7 @@ absl::Status Communicator::Reduce(const void* send, void* recv, size_t count, Da
   auto* out = static_cast<uint8_t*>(recv);
   std::vector<const void*> srcs(nranks_);
   const size_t chunk = slot_bytes_ / es * es;
-  for (size_t at = 0; at < bytes || (at == 0 && bytes == 0); at += chunk) {
+  for (size_t k = 0, at = 0; k < Chunks(bytes, chunk); ++k, at += chunk) {
     const size_t len = std::min(chunk, bytes - at);
     CXLRT_RETURN_IF_ERROR(
         Exchange(rank_ == root ? std::vector<Piece>{} : std::vector<Piece>{{in + at, len}}));
@@ -785,7 +785,6 @@ absl::Status Communicator::Reduce(const void* send, void* recv, size_t count, Da
       collectives::Reduce(type, op, out + at, srcs.data(), nranks_, len / es, nranks_);
     }
     EndRound();
-    if (bytes == 0) break;
   }
   return absl::OkStatus();
 }
@@ -798,7 +797,7 @@ absl::Status Communicator::Gather(const void* send, void* recv, size_t sendcount
   const auto* in = static_cast<const uint8_t*>(send);
   auto* out = static_cast<uint8_t*>(recv);
   const size_t chunk = slot_bytes_ / es * es;
-  for (size_t at = 0; at < bytes || (at == 0 && bytes == 0); at += chunk) {
+  for (size_t k = 0, at = 0; k < Chunks(bytes, chunk); ++k, at += chunk) {
     const size_t len = std::min(chunk, bytes - at);
     CXLRT_RETURN_IF_ERROR(
         Exchange(rank_ == root ? std::vector<Piece>{} : std::vector<Piece>{{in + at, len}}));
@@ -810,7 +809,6 @@ absl::Status Communicator::Gather(const void* send, void* recv, size_t sendcount
       }
     }
     EndRound();
-    if (bytes == 0) break;
   }
   return absl::OkStatus();
 }
@@ -823,7 +821,7 @@ absl::Status Communicator::Scatter(const void* send, void* recv, size_t recvcoun
   auto* out = static_cast<uint8_t*>(recv);
   const size_t per = std::max<size_t>(1, slot_bytes_ / es / nranks_);
   std::vector<Piece> pieces;
-  for (size_t first = 0; first < recvcount || (first == 0 && recvcount == 0); first += per) {
+  for (size_t k = 0, first = 0; k < Chunks(recvcount, per); ++k, first += per) {
     const size_t m = std::min(per, recvcount - first);
     pieces.clear();
     if (rank_ == root) {
@@ -837,7 +835,6 @@ absl::Status Communicator::Scatter(const void* send, void* recv, size_t recvcoun
         rank_ == root ? in + (rank_ * recvcount + first) * es : PeerBytes(root) + rank_ * m * es;
     if (m && dst != src) runtime::CopyBytes(dst, src, m * es);
     EndRound();
-    if (recvcount == 0) break;
   }
   return absl::OkStatus();
 }
@@ -849,7 +846,7 @@ absl::Status Communicator::AllToAll(const void* send, void* recv, size_t count, 
   auto* out = static_cast<uint8_t*>(recv);
   const size_t per = std::max<size_t>(1, slot_bytes_ / es / nranks_);
   std::vector<Piece> pieces(nranks_);
-  for (size_t first = 0; first < count || (first == 0 && count == 0); first += per) {
+  for (size_t k = 0, first = 0; k < Chunks(count, per); ++k, first += per) {
     const size_t m = std::min(per, count - first);
     pieces.clear();
     for (int j = 0; j < nranks_; ++j) {
@@ -867,7 +864,6 @@ absl::Status Communicator::AllToAll(const void* send, void* recv, size_t count, 
       runtime::CopyBytes(out + (j * count + first) * es, PeerBytes(j) + rank_ * m * es, m * es);
     }
     EndRound();
-    if (count == 0) break;
   }
   return absl::OkStatus();
 }
@@ -892,7 +888,7 @@ absl::Status Communicator::Send(const void* buf, size_t count, DataType type, in
   const auto* in = static_cast<const uint8_t*>(buf);
   const PoolOffset line = P2pAt(rank_, peer);
   const PoolOffset consumed = line + offsetof(P2pLayout, consumed);
-  for (size_t at = 0; at < bytes || (at == 0 && bytes == 0); at += p2p_bytes_) {
+  for (size_t k = 0, at = 0; k < Chunks(bytes, p2p_bytes_); ++k, at += p2p_bytes_) {
     const size_t len = std::min<size_t>(p2p_bytes_, bytes - at);
     const uint64_t seq = ++sent_[peer];
     absl::Status s = runtime::WaitUntil([&] { return c_.LoadFlag(consumed) + 1 >= seq; }, deadline_,
@@ -908,7 +904,6 @@ absl::Status Communicator::Send(const void* buf, size_t count, DataType type, in
     p.type = static_cast<uint64_t>(type);
     c_.Publish(line + 8, reinterpret_cast<const uint8_t*>(&p) + 8, 24);
     c_.StoreFlag(line, seq);
-    if (bytes == 0) break;
   }
   return absl::OkStatus();
 }
@@ -925,7 +920,7 @@ absl::Status Communicator::Recv(void* buf, size_t count, DataType type, int peer
   const size_t bytes = count * SizeOf(type);
   auto* out = static_cast<uint8_t*>(buf);
   const PoolOffset line = P2pAt(peer, rank_);
-  for (size_t at = 0; at < bytes || (at == 0 && bytes == 0); at += p2p_bytes_) {
+  for (size_t k = 0, at = 0; k < Chunks(bytes, p2p_bytes_); ++k, at += p2p_bytes_) {
     const size_t len = std::min<size_t>(p2p_bytes_, bytes - at);
     const uint64_t seq = ++received_[peer];
     absl::Status s = runtime::WaitUntil([&] { return c_.LoadFlag(line) >= seq; }, deadline_,
@@ -944,7 +939,6 @@ absl::Status Communicator::Recv(void* buf, size_t count, DataType type, int peer
     }
     if (len) c_.CopyFromPool(out + at, P2pBufferAt(peer, rank_), len);
     c_.StoreFlag(P2pAt(peer, rank_) + offsetof(P2pLayout, consumed), seq);
-    if (bytes == 0) break;
   }
   return absl::OkStatus();
 }
