@@ -424,7 +424,10 @@ absl::Status Allocator::RemoteFree(PoolOffset off, bool allow_named) {
   // Frees travel in batches (one flush and one head store for many); the
   // tick pushes a partial batch within a tick period.
   pending_[owner].push_back(entry);
-  if (pending_[owner].size() >= kPushBatch) PushPending(owner);
+  // Every kPushBatch-th queued free tries a push: when the owner's ring is
+  // full the queue keeps growing, and a push attempt per free (two reads of
+  // the owner's lines) would cost more than the free itself.
+  if (pending_[owner].size() % kPushBatch == 0) PushPending(owner);
   return absl::OkStatus();
 }
 
