@@ -285,8 +285,8 @@ TEST(CliTest, BenchCollectivesPrintNcclTestsColumnsWithNothingWrong) {
     EXPECT_EQ(rows, 3) << coll << " (8 B, 512 B, 32 KiB): " << r.out;
   }
   // The table, with pool-resident buffers.
-  auto t = CxlrtStdout("bench allreduce -b 1M -e 1M -n 2 -w 1 --ranks 2 --in-pool --pool " +
-                       Quote(uri));
+  auto t =
+      CxlrtStdout("bench allreduce -b 1M -e 1M -n 2 -w 1 --ranks 2 --in-pool --pool " + Quote(uri));
   ASSERT_EQ(t.code, 0) << t.out;
   EXPECT_NE(t.out.find("algbw"), std::string::npos) << t.out;
   EXPECT_NE(t.out.find("busbw"), std::string::npos) << t.out;
@@ -294,6 +294,28 @@ TEST(CliTest, BenchCollectivesPrintNcclTestsColumnsWithNothingWrong) {
   EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "the benchmark left its pool behind";
   auto bad = CxlrtStdout("bench allreduce -b 1M -e 1K --ranks 2");
   EXPECT_NE(bad.code, 0);
+}
+
+TEST(CliTest, BenchCollectivesRunAsOneRankEachUnderALauncher) {
+  // Under cxlrt run (as under mpirun or torchrun) each process is one rank
+  // of the shared pool; rank 0 prints.
+  TempDir dir;
+  const std::string pool = absl::StrCat("emu://launched", getpid(), "?dir=", dir.path());
+  auto r = CxlrtStdout("run -n 3 --pool " + Quote(pool + "&size=256M") + " -- " + CXLRT_BIN +
+                       " bench allreduce -b 1K -e 64K -f 64 -n 2 -w 1 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  int rows = 0;
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);) {
+    const size_t brace = line.find('{');
+    if (brace == std::string::npos) continue;
+    auto j = nlohmann::json::parse(line.substr(brace));
+    EXPECT_EQ(j["ranks"], 3) << line;
+    EXPECT_EQ(j["wrong"], 0) << line;
+    EXPECT_EQ(j["inplace_wrong"], 0) << line;
+    ++rows;
+  }
+  EXPECT_EQ(rows, 2) << "1 KiB and 64 KiB, printed once (rank 0): " << r.out;
 }
 
 }  // namespace
