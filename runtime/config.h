@@ -16,19 +16,19 @@
 namespace cxlrt::runtime {
 
 struct Config {
-  std::string pool = "emu://cxlrt?size=1G";  // CXLRT_POOL
-  int host_id = -1;                          // CXLRT_HOST_ID, -1: none
-  uint32_t slots_per_host = 8;               // CXLRT_SLOTS_PER_HOST
-  uint32_t lease_ms = 2000;                  // CXLRT_LEASE_MS
-  uint32_t heartbeat_ms = 100;               // CXLRT_HEARTBEAT_MS
-  uint32_t lock_timeout_ms = 10000;          // CXLRT_LOCK_TIMEOUT_MS
-  uint32_t wait_spins = 2000;                // CXLRT_WAIT_SPINS
-  std::string shm_dir = "/dev/shm";          // CXLRT_SHM_DIR
-  std::string log_level = "warning";         // CXLRT_LOG_LEVEL
-  std::string fault;                         // CXLRT_FAULT, "" none
-  uint32_t comm_timeout_ms = 60000;          // CXLRT_COMM_TIMEOUT_MS
-  uint32_t comm_slot_bytes = 1 << 20;        // CXLRT_COMM_SLOT_BYTES
-  uint32_t comm_p2p_bytes = 64 << 10;        // CXLRT_COMM_P2P_BYTES
+  std::string pool = "emu://cxlrt?size=1G";   // CXLRT_POOL
+  int host_id = -1;                           // CXLRT_HOST_ID, -1: none
+  uint32_t slots_per_host = 8;                // CXLRT_SLOTS_PER_HOST
+  uint32_t lease_ms = 2000;                   // CXLRT_LEASE_MS
+  uint32_t heartbeat_ms = 100;                // CXLRT_HEARTBEAT_MS
+  uint32_t lock_timeout_ms = 10000;           // CXLRT_LOCK_TIMEOUT_MS
+  uint32_t wait_spins = 2000;                 // CXLRT_WAIT_SPINS
+  std::string shm_dir = "/dev/shm";           // CXLRT_SHM_DIR
+  std::string log_level = "warning";          // CXLRT_LOG_LEVEL
+  std::string fault;                          // CXLRT_FAULT, "" none
+  uint32_t comm_timeout_ms = 60000;           // CXLRT_COMM_TIMEOUT_MS
+  uint32_t comm_slot_bytes = 1 << 20;         // CXLRT_COMM_SLOT_BYTES
+  uint32_t comm_p2p_bytes = 64 << 10;         // CXLRT_COMM_P2P_BYTES
   uint32_t allreduce_oneshot_max = 64 << 10;  // CXLRT_ALLREDUCE_ONESHOT_MAX
 };
 

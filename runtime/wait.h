@@ -65,8 +65,8 @@ class Waiter {
 // status of `watch`.
 template <typename Ready>
 absl::Status WaitUntil(Ready&& ready, absl::Time deadline, absl::string_view what,
-                       WaitWatch* watch = nullptr,
-                       absl::Duration yield_for = absl::ZeroDuration(), int spins = -1) {
+                       WaitWatch* watch = nullptr, absl::Duration yield_for = absl::ZeroDuration(),
+                       int spins = -1) {
   if (ready()) return absl::OkStatus();
   Waiter w = yield_for > absl::ZeroDuration() ? Waiter(deadline, what, watch, yield_for, spins)
                                               : Waiter(deadline, what, watch);
