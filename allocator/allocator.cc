@@ -163,17 +163,7 @@ absl::StatusOr<PoolOffset> Allocator::Allocate(uint64_t size, const AllocOptions
   if (alignment > heap) {
     return absl::InvalidArgumentError(absl::StrCat("alignment ", alignment, " exceeds the heap"));
   }
-  if (options.device >= 0) {
-    const uint32_t devices = pool_.devices().count();
-    if (static_cast<uint32_t>(options.device) >= devices) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("device ", options.device, " of ", pool_.name(), ", which has ", devices));
-    }
-    const auto [begin, end] = pool_.HeapOnDevice(options.device);
-    std::lock_guard<std::mutex> lock(mu_);
-    CXLRT_RETURN_IF_ERROR(CheckUsable());
-    return arena_->AllocateIn(size, alignment, options.durable, pool_lock_, begin, end);
-  }
+  if (options.device >= 0) return AllocateOnDevice(size, alignment, options);
   if (!options.durable && alignment == 64 && size <= kMaxSmallSize && Usable()) {
     // The fast path: a block from this thread's cache.
     const uint32_t cls = PlainClassFor(size);
@@ -187,10 +177,7 @@ absl::StatusOr<PoolOffset> Allocator::Allocate(uint64_t size, const AllocOptions
     }
     const PoolOffset off = bin.blocks[n - 1];
     bin.count.store(n - 1, std::memory_order_relaxed);
-    const uint32_t seg = *meta_->SegmentOf(off);
-    const uint64_t b = BlockIndex(off - meta_->SegOffset(seg) - kSegmentHeaderSize, cls);
-    arena_->View(seg).state.load(std::memory_order_relaxed)[b].store(
-        static_cast<uint8_t>(BlockState::kUser), std::memory_order_relaxed);
+    SetState(off, cls, BlockState::kUser);
     return off;
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -202,6 +189,23 @@ absl::StatusOr<PoolOffset> Allocator::Allocate(uint64_t size, const AllocOptions
   return arena_->Allocate(size, alignment, options.durable, pool_lock_);
 }
 
+absl::StatusOr<PoolOffset> Allocator::AllocateOnDevice(uint64_t size, uint64_t alignment,
+                                                       const AllocOptions& options) {
+  const uint32_t devices = pool_.devices().count();
+  if (static_cast<uint32_t>(options.device) >= devices) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device ", options.device, " of ", pool_.name(), ", which has ", devices));
+  }
+  const auto [begin, end] = pool_.HeapOnDevice(options.device);
+  std::lock_guard<std::mutex> lock(mu_);
+  CXLRT_RETURN_IF_ERROR(CheckUsable());
+  return arena_->AllocateIn(size, alignment, options.durable, pool_lock_, begin, end);
+}
+
+void Allocator::SetState(PoolOffset off, uint32_t cls, BlockState st) {
+  arena_->StateByte(off, cls).store(static_cast<uint8_t>(st), std::memory_order_relaxed);
+}
+
 absl::Status Allocator::Free(PoolOffset offset) {
   const auto seg = meta_ ? meta_->SegmentOf(offset) : std::nullopt;
   if (seg && Usable()) {
@@ -209,9 +213,10 @@ absl::Status Allocator::Free(PoolOffset offset) {
     // path handed out goes into this thread's cache.
     const SlabView& view = arena_->View(*seg);
     const uint32_t cls1 = view.cls1.load(std::memory_order_acquire);
-    const uint64_t rel = offset - meta_->SegOffset(*seg) - kSegmentHeaderSize;
-    if (cls1 != 0 && offset - meta_->SegOffset(*seg) >= kSegmentHeaderSize) {
+    const uint64_t in_seg = offset - meta_->SegOffset(*seg);
+    if (cls1 != 0 && in_seg >= kSegmentHeaderSize) {
       const uint32_t cls = cls1 - 1;
+      const uint64_t rel = in_seg - kSegmentHeaderSize;
       const uint64_t b = BlockIndex(rel, cls);
       if (b * kClassSizes[cls] == rel && b < SlabBlocks(cls)) {
         std::atomic<uint8_t>& state = view.state.load(std::memory_order_acquire)[b];
@@ -265,7 +270,7 @@ absl::Status Allocator::RefillBin(ThreadCache& tc, uint32_t cls) {
       // next refill drains the rings again before the slabs are scanned.
       if (n > 0) break;
       auto got = arena_->Allocate(kClassSizes[cls], 64, /*durable=*/false, pool_lock_);
-      if (!got.ok() && got.status().code() == absl::StatusCode::kResourceExhausted && n == 0) {
+      if (absl::IsResourceExhausted(got.status())) {
         // Full: take back what other hosts freed, then try once more.
         CXLRT_RETURN_IF_ERROR(DrainRings());
         got = arena_->Allocate(kClassSizes[cls], 64, /*durable=*/false, pool_lock_);
@@ -273,10 +278,7 @@ absl::Status Allocator::RefillBin(ThreadCache& tc, uint32_t cls) {
       if (!got.ok()) return got.status();
       off = *got;
     }
-    const uint32_t seg = *meta_->SegmentOf(off);
-    const uint64_t b = BlockIndex(off - meta_->SegOffset(seg) - kSegmentHeaderSize, cls);
-    arena_->View(seg).state.load(std::memory_order_relaxed)[b].store(
-        static_cast<uint8_t>(BlockState::kThreadCache), std::memory_order_relaxed);
+    SetState(off, cls, BlockState::kThreadCache);
     bin.blocks[n++] = off;
   }
   bin.count.store(n, std::memory_order_relaxed);
@@ -295,11 +297,7 @@ void Allocator::ReturnBlocks(ThreadCache& tc, uint32_t cls, uint32_t n) {
   n = std::min(n, count);
   for (uint32_t k = 0; k < n; ++k) {
     const PoolOffset off = bin.blocks[k];
-    const uint32_t seg = *meta_->SegmentOf(off);
-    const uint64_t b = BlockIndex(off - meta_->SegOffset(seg) - kSegmentHeaderSize, cls);
-    // Back to "with a caller", then freed as a caller would.
-    arena_->View(seg).state.load(std::memory_order_relaxed)[b].store(
-        static_cast<uint8_t>(BlockState::kUser), std::memory_order_relaxed);
+    SetState(off, cls, BlockState::kUser);  // back with a caller, then freed as one would
     if (arena_->TryFreeCached(off)) continue;
     absl::Status st = arena_->Free(off, /*allow_named=*/false, pool_lock_);
     if (!st.ok()) {

@@ -110,6 +110,7 @@ struct NamedBlock {
 namespace cxlrt::allocator_internal {
 class ArenaState;
 class HeapMeta;
+enum class BlockState : uint8_t;
 struct ThreadCache;
 struct ThreadCacheRegistry;
 }  // namespace cxlrt::allocator_internal
@@ -195,6 +196,11 @@ class Allocator {
   absl::Status CheckUsable() { return Usable() ? absl::OkStatus() : Unusable(); }
   absl::Status Unusable();
   absl::Status FreeLocked(PoolOffset offset, bool allow_named);
+  // Allocate with options.device set: whole segments on that device.
+  absl::StatusOr<PoolOffset> AllocateOnDevice(uint64_t size, uint64_t alignment,
+                                              const AllocOptions& options);
+  // Sets the state byte of cached-path block `off` of class `cls` (lock-free).
+  void SetState(PoolOffset off, uint32_t cls, allocator_internal::BlockState st);
   // The calling thread's cache (made on first use).
   allocator_internal::ThreadCache& MyCache();
   // Fills the empty cache bin of class `cls` from the arena. REQUIRES: mu_.

@@ -431,7 +431,7 @@ void ArenaState::EndBatch() {
   a.stats_time_ns = static_cast<uint64_t>(runtime::NowNs());
   for (uint32_t c = 0; c < kNumClasses; ++c) {
     a.allocated[c] = counts_[c].allocated;
-    a.handed_out[c] = counts_[c].handed_out - std::min(thread_cached_[c], counts_[c].handed_out);
+    a.handed_out[c] = HandedToCallers(c);
     a.durable[c] = counts_[c].durable;
   }
   a.pages_allocated = pages_allocated_;
@@ -610,13 +610,14 @@ absl::StatusOr<PoolOffset> ArenaState::AllocSmall(uint32_t cls, bool durable,
       static_cast<uint32_t>(BlockIndex(off - meta_.SegOffset(i) - kSegmentHeaderSize, s.cls));
   SetBit(s.handed, b);
   ++counts_[cls].handed_out;
-  if (!durable) SetState(s, b, BlockState::kUser);
   if (durable) {
     BeginBatch();
     SetBit(s.durable, b);
     WriteBits(s, true, b / 64);
     ++counts_[cls].durable;
     EndBatch();
+  } else {
+    SetState(s, b, BlockState::kUser);
   }
   CXLRT_FAULT_POINT("alloc.allocate.done");
   return off;
@@ -1183,7 +1184,7 @@ allocator::HostStats ArenaState::Stats() const {
   }
   for (uint32_t c = 0; c < kNumClasses; ++c) {
     st.classes[c] = counts_[c];
-    st.classes[c].handed_out -= std::min(thread_cached_[c], counts_[c].handed_out);
+    st.classes[c].handed_out = HandedToCallers(c);
     const allocator::ClassStats& n = st.classes[c];
     st.bytes_in_use += n.handed_out * kClassSizes[c];
     st.bytes_cached += (n.allocated - n.handed_out) * kClassSizes[c];

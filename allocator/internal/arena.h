@@ -14,6 +14,7 @@
 // Allocator's mutex or the pool lock guards it).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -205,6 +206,13 @@ class ArenaState {
 
   // The lock-free view of segment `seg` (see SlabView). REQUIRES: use_cache.
   const SlabView& View(uint32_t seg) const { return views_[seg]; }
+  // The state byte of block `off` of a shown slab of class `cls`; lock-free.
+  // REQUIRES: use_cache; `off` starts a block of such a slab.
+  std::atomic<uint8_t>& StateByte(PoolOffset off, uint32_t cls) const {
+    const uint32_t seg = *meta_.SegmentOf(off);
+    const uint64_t b = BlockIndex(off - meta_.SegOffset(seg) - allocator::kSegmentHeaderSize, cls);
+    return views_[seg].state.load(std::memory_order_relaxed)[b];
+  }
   // Blocks per class that thread caches hold: handed out as far as the
   // arena knows, reported as cached by Stats and PublishCounters.
   void set_thread_cached(const std::array<uint64_t, allocator::kNumClasses>& n) {
@@ -237,6 +245,10 @@ class ArenaState {
   Segment* ReturnToSlab(PoolOffset off);
   // Counters from the bitmaps of the segments held.
   void RecountFromBitmaps();
+  // Blocks of class `c` held by callers: handed out, less those in threads' caches.
+  uint64_t HandedToCallers(uint32_t c) const {
+    return counts_[c].handed_out - std::min(thread_cached_[c], counts_[c].handed_out);
+  }
   // Opens slab `s` to the thread caches (every block kArena) or closes it.
   void ShowSlab(const Segment& s);
   void HideSlab(uint32_t index) {
