@@ -518,7 +518,18 @@ absl::Status Communicator::AwaitPeersDone(uint64_t round) {
 
 absl::Status Communicator::CheckPost(int j, uint64_t round) {
   posts_[j] = c_.FetchObject<PostLayout>(PostAt(j, round));
-  if (posts_[j].round == round && posts_[j].desc == desc_) return absl::OkStatus();
+  const PostLayout& p = posts_[j];
+  if (p.round == round && p.desc == desc_) {
+    // Every post fits a slot (chunks follow the slot size, in place too);
+    // its bytes lie in the pool before anyone reads them.
+    if (p.len > kInlineBytes &&
+        (p.len > slot_bytes_ || p.data > pool_.size() || p.len > pool_.size() - p.data)) {
+      return absl::DataLossError(absl::StrCat("rank ", j, " of ", name_, " posted ", p.len,
+                                              " bytes at 0x", absl::Hex(p.data),
+                                              ": outside the pool or larger than a slot"));
+    }
+    return absl::OkStatus();
+  }
   return absl::InvalidArgumentError(
       posts_[j].round != round
           ? absl::StrCat("rank ", rank_, " of ", name_, " is at round ", round, " of ",
@@ -591,6 +602,10 @@ absl::Status Communicator::ExchangeInPlace(PoolOffset at, size_t len) {
   if (len <= kInlineBytes) {
     c_.Fetch(post.inline_bytes, at, len);
     post.data = 0;
+  } else {
+    // The caller wrote its buffer with plain stores: write them back before
+    // the post makes them visible (a fence in the hardware domain).
+    c_.Flush(at, len);
   }
   const PoolOffset line = PostAt(rank_, round);
   c_.Publish(line + 8, reinterpret_cast<const uint8_t*>(&post) + 8, sizeof(post) - 8);

@@ -227,7 +227,11 @@ std::pair<size_t, size_t> Sizes(const Case& c, int n) {
 }
 
 // Runs `c` on `comm` and checks the result. Returns "" or what was wrong.
-std::string RunCase(Communicator& comm, const Case& c) {
+// `pool`: the rank's pool; inputs in pool-resident buffers that are posted
+// in place (out of place) are written through its coherence layer: in the
+// simulated domain they then sit in this host's cache until the collective
+// writes them back, so a missing write-back shows as wrong bytes at peers.
+std::string RunCase(Communicator& comm, const Case& c, runtime::Pool& pool) {
   const int n = comm.size(), r = comm.rank();
   const size_t es = SizeOf(c.type);
   auto [scount, rcount] = Sizes(c, n);
@@ -266,7 +270,14 @@ std::string RunCase(Communicator& comm, const Case& c) {
   }
   // Inputs: element i of rank r's send buffer is Value(r, i) (for Scatter
   // only the root's matters; for rooted collectives the same values).
-  for (size_t i = 0; i < scount; ++i) Store(c.type, send, i, Value(c.type, r, i));
+  if (in_pool && !c.in_place && scount > 0) {  // posted in place: peers read it where it is
+    std::vector<uint8_t> input(scount * es);
+    for (size_t i = 0; i < scount; ++i) Store(c.type, input.data(), i, Value(c.type, r, i));
+    const auto at = static_cast<runtime::PoolOffset>(send - pool.backend().base());
+    pool.coherence().Write(at, input.data(), input.size());
+  } else {
+    for (size_t i = 0; i < scount; ++i) Store(c.type, send, i, Value(c.type, r, i));
+  }
 
   absl::Status s;
   switch (c.kind) {
@@ -529,9 +540,9 @@ std::vector<Case> Matrix(int n, bool full) {
   return cases;
 }
 
-std::string RunAll(Communicator& comm, const std::vector<Case>& cases) {
+std::string RunAll(Communicator& comm, const std::vector<Case>& cases, runtime::Pool& pool) {
   for (const Case& c : cases) {
-    std::string err = RunCase(comm, c);
+    std::string err = RunCase(comm, c, pool);
     if (!err.empty()) return err;
   }
   return "";
@@ -542,7 +553,9 @@ TEST_P(CollectivesTest, EveryCollectiveTypeOpAndSizeIsExactOnOneToFourRanks) {
   for (int n : {1, 2, 3, 4}) {
     SCOPED_TRACE(absl::StrCat(n, " ranks"));
     const auto cases = Matrix(n, full);
-    RunRanks(n, [&](Communicator& comm, allocator::Allocator&) { return RunAll(comm, cases); });
+    RunRanks(n, [&](Communicator& comm, allocator::Allocator& alloc) {
+      return RunAll(comm, cases, alloc.pool());
+    });
     if (HasFailure()) return;
   }
 }
@@ -550,7 +563,9 @@ TEST_P(CollectivesTest, EveryCollectiveTypeOpAndSizeIsExactOnOneToFourRanks) {
 TEST_P(CollectivesTest, EightRanksOnTwoCoresCompleteEveryCollective) {
   // More ranks than cores: waits must yield, nobody livelocks.
   const auto cases = Matrix(8, false);
-  RunRanks(8, [&](Communicator& comm, allocator::Allocator&) { return RunAll(comm, cases); });
+  RunRanks(8, [&](Communicator& comm, allocator::Allocator& alloc) {
+    return RunAll(comm, cases, alloc.pool());
+  });
 }
 
 TEST_P(CollectivesTest, SmallSlotsPipelineLargeMessagesThroughManyChunks) {
@@ -563,7 +578,10 @@ TEST_P(CollectivesTest, SmallSlotsPipelineLargeMessagesThroughManyChunks) {
   }
   cases.push_back({CollKind::kAllReduce, DataType::kFloat16, RedOp::kProd, 7777, -1, true, false});
   RunRanks(
-      3, [&](Communicator& comm, allocator::Allocator&) { return RunAll(comm, cases); },
+      3,
+      [&](Communicator& comm, allocator::Allocator& alloc) {
+        return RunAll(comm, cases, alloc.pool());
+      },
       absl::Seconds(120), o);
 }
 
@@ -577,7 +595,9 @@ TEST_P(CollectivesTest, RanksThatDisagreeOnZeroCopyStillRunTheSameRounds) {
                        k == CollKind::kBroadcast ? 0 : -1, false, true, true});
     }
   }
-  RunRanks(3, [&](Communicator& comm, allocator::Allocator&) { return RunAll(comm, cases); });
+  RunRanks(3, [&](Communicator& comm, allocator::Allocator& alloc) {
+    return RunAll(comm, cases, alloc.pool());
+  });
 }
 
 TEST_P(CollectivesTest, AMismatchedCallIsAnErrorOnEveryRankNamingBoth) {
@@ -772,7 +792,7 @@ TEST_P(StripedCollectivesTest, SlotsAreStripedOverDevicesAndCollectivesStayExact
       cases.push_back(
           {k, DataType::kFloat32, RedOp::kSum, 300000, Rooted(k) ? 2 : -1, false, false});
     }
-    return RunAll(comm, cases);
+    return RunAll(comm, cases, alloc.pool());
   });
 }
 
