@@ -206,6 +206,50 @@ void Allocator::SetState(PoolOffset off, uint32_t cls, BlockState st) {
   arena_->StateByte(off, cls).store(static_cast<uint8_t>(st), std::memory_order_relaxed);
 }
 
+absl::Status Allocator::CommitDurable(PoolOffset block, PoolOffset word, uint64_t value) {
+  return ChangeWithWord(RedoKind::kMakeDurable, block, word, value);
+}
+
+absl::Status Allocator::FreeDurable(PoolOffset block, PoolOffset word, uint64_t value) {
+  return ChangeWithWord(RedoKind::kFree, block, word, value);
+}
+
+absl::Status Allocator::ChangeWithWord(RedoKind kind, PoolOffset block, PoolOffset word,
+                                       uint64_t value) {
+  if (word % 8 != 0 || word < pool_.header().heap_offset || word > pool_.size() - 8) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pool offset 0x", absl::Hex(word), " is not an 8-byte aligned word of the heap"));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  CXLRT_RETURN_IF_ERROR(CheckUsable());
+  if (!arena_->Owns(block)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool offset 0x", absl::Hex(block), " is not in a block of host ", slot_));
+  }
+  // Check first (so a refused call leaves no intent behind), then record the
+  // intent, change the block, store the word, clear the intent. A crash
+  // anywhere after the intent is finished by recovery (FinishRedo).
+  if (kind == RedoKind::kFree) {
+    uint64_t usable = 0;
+    if (!arena_->IsDurableBlockStart(block, &usable)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the block at 0x", absl::Hex(block), " is not a durable block"));
+    }
+  }
+  arena_->WriteRedo(kind, block, word, value);
+  CXLRT_FAULT_POINT("alloc.redo.written");
+  absl::Status st = kind == RedoKind::kMakeDurable ? arena_->MakeDurable(block, pool_lock_)
+                                                   : arena_->Free(block, false, pool_lock_);
+  if (!st.ok()) {
+    arena_->WriteRedo(RedoKind::kNone);
+    return st;
+  }
+  CXLRT_FAULT_POINT("alloc.redo.block_changed");
+  pool_.coherence().Publish(word, &value, sizeof(value));
+  arena_->WriteRedo(RedoKind::kNone);
+  return absl::OkStatus();
+}
+
 absl::Status Allocator::Free(PoolOffset offset) {
   const auto seg = meta_ ? meta_->SegmentOf(offset) : std::nullopt;
   if (seg && Usable()) {

@@ -155,6 +155,23 @@ class Allocator {
     return Free(p.offset());
   }
 
+  // Two steps that change a block of this host and an 8-byte word in the
+  // pool as one, across crashes (like PMDK's reserve/publish): the arena
+  // writes an intent record first, and recovery of the arena (by this slot's
+  // next incarnation or by a survivor) finishes an interrupted one before it
+  // reclaims private blocks. A KV entry's seal is such a word: the entry is
+  // visible exactly when its block is durable.
+  //
+  // CommitDurable: the private block at `block`, allocated by this host and
+  // held by the caller, becomes durable, then `value` is published at `word`.
+  // FreeDurable: the durable, unnamed block at `block` of this host is freed,
+  // then `value` is published at `word`.
+  // kInvalidArgument: not a block of this host, or `word` not an 8-byte
+  // aligned word of the pool; kFailedPrecondition: the block is not in the
+  // state the call needs (nothing changed then); kAborted when fenced.
+  absl::Status CommitDurable(PoolOffset block, PoolOffset word, uint64_t value);
+  absl::Status FreeDurable(PoolOffset block, PoolOffset word, uint64_t value);
+
   // Usable bytes of the block at `offset` (its class, pages or segments).
   absl::StatusOr<uint64_t> BlockSize(PoolOffset offset);
 
@@ -196,6 +213,8 @@ class Allocator {
   absl::Status CheckUsable() { return Usable() ? absl::OkStatus() : Unusable(); }
   absl::Status Unusable();
   absl::Status FreeLocked(PoolOffset offset, bool allow_named);
+  // The body of CommitDurable / FreeDurable.
+  absl::Status ChangeWithWord(RedoKind kind, PoolOffset block, PoolOffset word, uint64_t value);
   // Allocate with options.device set: whole segments on that device.
   absl::StatusOr<PoolOffset> AllocateOnDevice(uint64_t size, uint64_t alignment,
                                               const AllocOptions& options);

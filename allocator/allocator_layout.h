@@ -139,11 +139,35 @@ struct ArenaLayout {
   uint64_t huge_bytes;     // bytes asked for in its huge blocks
   uint64_t page_bytes;     // bytes asked for in its page runs
   uint8_t pad1[24];
-  uint8_t reserved[kArenaSize - 64 - 3 * 8 * kNumClasses - 64];
+  // line 11: an intent record (ArenaRedoLayout) for the two steps that
+  // change a block and a caller's word together (CommitDurable, FreeDurable)
+  uint8_t redo[64];
+  uint8_t reserved[kArenaSize - 64 - 3 * 8 * kNumClasses - 64 - 64];
 };
 static_assert(sizeof(ArenaLayout) == kArenaSize);
 static_assert(offsetof(ArenaLayout, allocated) == 64);
 static_assert(offsetof(ArenaLayout, pages_allocated) == 64 + 3 * 8 * kNumClasses);
+
+// What an arena's owner is about to do to one of its blocks together with a
+// store to a word of the caller's (a KV entry's seal): recovery of the arena
+// finishes it (docs/allocator.md, "Changing a block and a word together").
+enum class RedoKind : uint32_t {
+  kNone = 0,
+  kMakeDurable = 1,  // set the block's durable bit, then store `value` at `word`
+  kFree = 2,         // free the (durable) block, then store `value` at `word`
+};
+
+struct ArenaRedoLayout {
+  uint32_t kind;  // RedoKind
+  uint32_t reserved0;
+  uint64_t block;  // pool offset of a block of this arena
+  uint64_t word;   // pool offset of an 8-byte word (8-byte aligned)
+  uint64_t value;
+  uint8_t reserved[28];
+  uint32_t checksum;  // CRC-32C of bytes [0, 60): a torn record is no record
+};
+static_assert(sizeof(ArenaRedoLayout) == 64);
+static_assert(offsetof(ArenaLayout, redo) == 704);
 
 // A free sent to a block's owner. A private block's free is applied only
 // when `owner_epoch` is the owner's: a free meant for an earlier incarnation

@@ -46,6 +46,12 @@ constexpr FaultPointInfo kFaultPoints[] = {
      "a remote free wrote its ring entry; the ring head is not yet published"},
     {"alloc.recover.reclaimed",
      "recovery freed a dead arena's private blocks; its counters and rings are not yet done"},
+    {"alloc.redo.written",
+     "CommitDurable / FreeDurable published its intent record; the block and the word are "
+     "unchanged"},
+    {"alloc.redo.block_changed",
+     "CommitDurable / FreeDurable changed the block (durable, or freed); the word is not stored "
+     "and the intent record is still set"},
     {"coll.round.posted",
      "a rank published its post of a collective round (data and descriptor); its round flag is "
      "not yet stored"},

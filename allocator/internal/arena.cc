@@ -941,6 +941,114 @@ absl::Status ArenaState::Free(PoolOffset off, bool allow_named, const LockRunner
   }
 }
 
+absl::Status ArenaState::MakeDurable(PoolOffset off, const LockRunner& lock) {
+  uint32_t i = 0;
+  Segment* sp = Mine(off, &i);
+  auto not_block = [&] {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pool offset 0x", absl::Hex(off), " is not the start of a block of host ", slot_));
+  };
+  if (!sp || !sp->valid) return not_block();
+  Segment& s = *sp;
+  const PoolOffset base = meta_.SegOffset(i);
+  auto already = [&] {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the block at 0x", absl::Hex(off), " is not a private block held by a caller"));
+  };
+  switch (s.state) {
+    case SegmentState::kSlab: {
+      const uint64_t rel = off - base;
+      if (rel < kSegmentHeaderSize) return not_block();
+      const uint64_t b64 = BlockIndex(rel - kSegmentHeaderSize, s.cls);
+      if (b64 * s.block_size != rel - kSegmentHeaderSize || b64 >= s.blocks) return not_block();
+      const uint32_t b = static_cast<uint32_t>(b64);
+      if (!TestBit(s.handed, b) || TestBit(s.durable, b) ||
+          StateOf(s, b) == BlockState::kThreadCache) {
+        return already();
+      }
+      SetState(s, b, BlockState::kArena);  // its free must take the full path now
+      BeginBatch();
+      SetBit(s.durable, b);
+      WriteBits(s, true, b / 64);
+      ++counts_[s.cls].durable;
+      EndBatch();
+      return absl::OkStatus();
+    }
+    case SegmentState::kPages: {
+      const uint64_t rel = off - base;
+      const uint32_t p = static_cast<uint32_t>(rel / kPageSize);
+      if (rel % kPageSize != 0 || p == 0 || s.run[p] == 0) return not_block();
+      if (!((s.handed[0] >> p) & 1) || ((s.durable[0] >> p) & 1)) return already();
+      const uint32_t n = s.run[p];
+      BeginBatch();
+      s.durable[0] |= (n >= 64 ? ~uint64_t{0} : (uint64_t{1} << n) - 1) << p;
+      WriteBits(s, true, 0);
+      pages_durable_ += n;
+      EndBatch();
+      return absl::OkStatus();
+    }
+    case SegmentState::kHugeHead: {
+      if (off != base) return not_block();
+      if (s.huge_durable) return already();
+      BeginBatch();
+      absl::Status st = lock([&]() -> absl::Status {
+        CXLRT_ASSIGN_OR_RETURN(SegmentEntryLayout e, meta_.ReadEntry(i));
+        e.durable = 1;
+        meta_.WriteEntry(i, e);
+        return absl::OkStatus();
+      });
+      if (st.ok()) s.huge_durable = true;
+      EndBatch();
+      return st;
+    }
+    default:
+      return not_block();
+  }
+}
+
+namespace {
+uint32_t RedoChecksum(const allocator::ArenaRedoLayout& r) {
+  return runtime::Crc32c(&r, offsetof(allocator::ArenaRedoLayout, checksum));
+}
+const LockRunner kLockHeld = [](const std::function<absl::Status()>& fn) { return fn(); };
+}  // namespace
+
+void ArenaState::WriteRedo(allocator::RedoKind kind, PoolOffset block, PoolOffset word,
+                           uint64_t value) {
+  allocator::ArenaRedoLayout r = {};
+  r.kind = static_cast<uint32_t>(kind);
+  r.block = block;
+  r.word = word;
+  r.value = value;
+  r.checksum = RedoChecksum(r);
+  meta_.c().PublishObject(meta_.ArenaOffset(slot_) + offsetof(ArenaLayout, redo), r);
+}
+
+void ArenaState::FinishRedo() {
+  const auto r = meta_.c().FetchObject<allocator::ArenaRedoLayout>(meta_.ArenaOffset(slot_) +
+                                                                   offsetof(ArenaLayout, redo));
+  const auto kind = static_cast<allocator::RedoKind>(r.kind);
+  if (kind == allocator::RedoKind::kNone || r.checksum != RedoChecksum(r)) return;
+  const uint64_t pool_size = meta_.pool().size();
+  if (r.word % 8 != 0 || r.word > pool_size - 8) {
+    CXLRT_LOG(kError) << "arena " << slot_ << ": intent record names word 0x" << std::hex
+                      << r.word << " outside the pool; dropped";
+    WriteRedo(allocator::RedoKind::kNone);
+    return;
+  }
+  // The block change may have happened before the crash: MakeDurable then
+  // finds the block durable, Free finds it not allocated. Either way the
+  // block ends as the record says, and the word is stored again.
+  absl::Status st = kind == allocator::RedoKind::kMakeDurable ? MakeDurable(r.block, kLockHeld)
+                                                              : Free(r.block, true, kLockHeld);
+  CXLRT_LOG(kInfo) << "arena " << slot_ << ": finished an interrupted "
+                   << (kind == allocator::RedoKind::kMakeDurable ? "commit" : "free")
+                   << " of block 0x" << std::hex << r.block << std::dec << " ("
+                   << (st.ok() ? "done now" : "already done") << ")";
+  meta_.c().Publish(r.word, &r.value, 8);
+  WriteRedo(allocator::RedoKind::kNone);
+}
+
 absl::StatusOr<uint64_t> ArenaState::BlockSize(PoolOffset off) const {
   uint32_t i = 0;
   Segment* s = Mine(off, &i);
@@ -999,6 +1107,7 @@ void ArenaState::FlushCache() {
 }
 
 absl::Status ArenaState::ReclaimPrivate() {
+  FinishRedo();
   BeginBatch();
   for (auto& sp : segs_) {
     if (!sp) continue;

@@ -187,6 +187,18 @@ class ArenaState {
   // is published by name is refused. kInvalidArgument / kFailedPrecondition
   // as Allocator::Free.
   absl::Status Free(PoolOffset off, bool allow_named, const LockRunner& lock);
+  // Marks the private block `off`, handed to a caller, durable.
+  // kInvalidArgument / kFailedPrecondition when it is not such a block.
+  absl::Status MakeDurable(PoolOffset off, const LockRunner& lock);
+  // Publishes the arena's intent record (kind kNone clears it).
+  void WriteRedo(allocator::RedoKind kind, PoolOffset block = 0, PoolOffset word = 0,
+                 uint64_t value = 0);
+  // Finishes what a crashed owner's intent record names (idempotent: the
+  // block change is skipped when done, the word is stored again), then
+  // clears it. Called by recovery before private blocks are reclaimed.
+  // REQUIRES: the pool lock is held and no live host owns the arena (or the
+  // caller is its new owner).
+  void FinishRedo();
   absl::StatusOr<uint64_t> BlockSize(PoolOffset off) const;
   bool Owns(PoolOffset off) const;
   // True when `off` starts a durable block of this arena; `usable` gets its size.

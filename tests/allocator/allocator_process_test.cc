@@ -275,6 +275,108 @@ INSTANTIATE_TEST_SUITE_P(
       return n;
     });
 
+// CommitDurable / FreeDurable: a host killed between its intent record and
+// the end of the step. Recovery finishes the step: the block ends durable
+// (commit) or free (free), and the word holds the value, for slab, page and
+// huge blocks.
+struct RedoCase {
+  const char* point;
+  bool free;      // FreeDurable (else CommitDurable)
+  uint64_t size;  // slab, pages, huge
+};
+
+void PrintTo(const RedoCase& c, std::ostream* os) {
+  *os << c.point << (c.free ? " free " : " commit ") << c.size;
+}
+
+class RedoCrashTest : public ::testing::TestWithParam<RedoCase> {};
+
+TEST_P(RedoCrashTest, RecoveryFinishesTheStepTheHostDiedIn) {
+  const RedoCase& rc = GetParam();
+  TempDir dir;
+  const std::string create = PoolUri(dir, "", "64M");
+  ASSERT_TRUE(Pool::Create(create).ok());
+  const std::string uri = OpenUri(create);
+  auto survivor = Attach(uri, std::nullopt, absl::ZeroDuration());
+  ASSERT_TRUE(survivor.ok()) << survivor.status();
+  auto* shared = static_cast<uint64_t*>(
+      mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  pid_t victim = Spawn([&]() -> int {
+    auto h = Attach(uri);
+    if (!h.ok()) return 10;
+    shared[0] = h->membership->slot();
+    auto words = h->alloc->AllocateNamed("victim/words", 64);
+    if (!words.ok()) return 11;
+    auto block = h->alloc->Allocate(rc.size);
+    if (!block.ok()) return 12;
+    shared[1] = *block;
+    Fill(*h->pool, *block, rc.size);
+    if (rc.free && !h->alloc->CommitDurable(*block, *words, 7).ok()) return 13;
+    if (!runtime::ArmFaults(absl::StrCat(rc.point, ":crash")).ok()) return 14;
+    if (rc.free) {
+      (void)h->alloc->FreeDurable(*block, *words, 9);
+    } else {
+      (void)h->alloc->CommitDurable(*block, *words, 7);
+    }
+    return 15;  // the fault did not fire
+  });
+  EXPECT_EQ(WaitExit(victim), runtime::kFaultExitCode);
+  const uint32_t victim_slot = static_cast<uint32_t>(shared[0]);
+  const PoolOffset block = shared[1];
+  munmap(shared, 4096);
+
+  std::vector<uint32_t> recovered;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (recovered.empty() && absl::Now() < deadline) {
+    auto r = survivor->alloc->RecoverDeadHosts();
+    ASSERT_TRUE(r.ok()) << r.status();
+    recovered = *r;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ(recovered, std::vector<uint32_t>{victim_slot});
+  ExpectAuditClean(*survivor->pool);
+  auto words = survivor->alloc->Find("victim/words");
+  ASSERT_TRUE(words.ok()) << words.status();
+  EXPECT_EQ(survivor->pool->coherence().FetchObject<uint64_t>(words->offset),
+            rc.free ? 9u : 7u);
+  auto st = ReadStats(*survivor->pool);
+  ASSERT_TRUE(st.ok());
+  uint64_t in_use = 0;
+  for (const HostStats& h : st->hosts) {
+    if (h.slot == victim_slot) in_use = h.bytes_in_use;
+  }
+  if (rc.free) {
+    EXPECT_EQ(in_use, 64u) << "only the words block stays";
+  } else {
+    EXPECT_GT(in_use, rc.size) << "the committed block stays with the words block";
+    EXPECT_TRUE(Verify(*survivor->pool, block, rc.size));
+    CXLRT_EXPECT_OK(survivor->alloc->Free(block));
+  }
+  CXLRT_EXPECT_OK(survivor->alloc->FreeNamed("victim/words"));
+  CXLRT_EXPECT_OK(survivor->alloc->Close());
+  ExpectAuditClean(*survivor->pool);
+  EXPECT_EQ(BytesInUse(*survivor->pool), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Points, RedoCrashTest,
+    ::testing::Values(RedoCase{"alloc.redo.written", false, 100},
+                      RedoCase{"alloc.redo.block_changed", false, 100},
+                      RedoCase{"alloc.redo.written", false, 200000},
+                      RedoCase{"alloc.redo.block_changed", false, 5 << 20},
+                      RedoCase{"alloc.redo.written", true, 100},
+                      RedoCase{"alloc.redo.block_changed", true, 100},
+                      RedoCase{"alloc.redo.written", true, 200000},
+                      RedoCase{"alloc.redo.block_changed", true, 5 << 20}),
+    [](const auto& info) {
+      std::string n = absl::StrCat(info.param.point, info.param.free ? "_free_" : "_commit_",
+                                   info.param.size);
+      for (char& ch : n) {
+        if (ch == '.') ch = '_';
+      }
+      return n;
+    });
+
 TEST(RecoveryTest, ARecoveryInterruptedByACrashIsFinishedByTheNext) {
   TempDir dir;
   const std::string create = PoolUri(dir, "", "64M");

@@ -222,6 +222,49 @@ TEST_P(AllocatorTest, NamedBlocksAreFoundByOtherHostsAndFreedOnlyByName) {
   ExpectAuditClean(*a_.pool);
 }
 
+TEST_P(AllocatorTest, CommitAndFreeDurableChangeTheBlockAndTheWordTogether) {
+  auto words = a_.alloc->AllocateNamed("test/words", 64);
+  ASSERT_TRUE(words.ok()) << words.status();
+  runtime::Coherence& c = a_.pool->coherence();
+  for (uint64_t size : {uint64_t{100}, uint64_t{200000}, uint64_t{5} << 20}) {
+    SCOPED_TRACE(size);
+    auto block = a_.alloc->Allocate(size);
+    ASSERT_TRUE(block.ok()) << block.status();
+    CXLRT_EXPECT_ERROR(a_.alloc->FreeDurable(*block, *words, 1),
+                       absl::StatusCode::kFailedPrecondition, "not a durable block");
+    CXLRT_ASSERT_OK(a_.alloc->CommitDurable(*block, *words, size));
+    EXPECT_EQ(c.FetchObject<uint64_t>(*words), size);
+    CXLRT_EXPECT_ERROR(a_.alloc->CommitDurable(*block, *words, 1),
+                       absl::StatusCode::kFailedPrecondition, "not a private block");
+    EXPECT_EQ(c.FetchObject<uint64_t>(*words), size) << "a refused call stores nothing";
+    CXLRT_ASSERT_OK(a_.alloc->FreeDurable(*block, *words, 0));
+    EXPECT_EQ(c.FetchObject<uint64_t>(*words), 0u);
+    // Freed: a slab or page block is "not durable"; a huge one's segments are gone.
+    EXPECT_FALSE(a_.alloc->FreeDurable(*block, *words, 1).ok());
+    EXPECT_EQ(c.FetchObject<uint64_t>(*words), 0u);
+  }
+  // Bad words and blocks of other hosts are refused.
+  auto mine = a_.alloc->Allocate(64);
+  ASSERT_TRUE(mine.ok());
+  CXLRT_EXPECT_ERROR(a_.alloc->CommitDurable(*mine, *words + 4, 1),
+                     absl::StatusCode::kInvalidArgument, "8-byte aligned");
+  CXLRT_EXPECT_ERROR(a_.alloc->CommitDurable(*mine, 0, 1), absl::StatusCode::kInvalidArgument,
+                     "word of the heap");
+  Host b = Second();
+  ASSERT_NE(b.alloc, nullptr);
+  CXLRT_EXPECT_ERROR(b.alloc->CommitDurable(*mine, *words, 1), absl::StatusCode::kInvalidArgument,
+                     "not in a block of host");
+  // A committed block outlives its allocator, a private one does not.
+  CXLRT_ASSERT_OK(a_.alloc->CommitDurable(*mine, *words, 5));
+  CXLRT_ASSERT_OK(a_.alloc->Close());
+  ExpectAuditClean(*a_.pool);
+  auto st = ReadStats(*a_.pool);
+  ASSERT_TRUE(st.ok());
+  uint64_t durable = 0;
+  for (const HostStats& h : st->hosts) durable += h.durable_bytes;
+  EXPECT_EQ(durable, 128u) << "the words block and the committed block";
+}
+
 TEST_P(AllocatorTest, AnotherHostsFreeTravelsThroughTheRingToTheOwner) {
   Host b = Second();
   ASSERT_NE(b.alloc, nullptr);
