@@ -52,6 +52,10 @@ constexpr FaultPointInfo kFaultPoints[] = {
     {"alloc.redo.block_changed",
      "CommitDurable / FreeDurable changed the block (durable, or freed); the word is not stored "
      "and the intent record is still set"},
+    {"kv.put.copied",
+     "a KV put copied its value into its (private) block; its entry is written but not sealed"},
+    {"kv.evict.unsealed",
+     "a KV eviction unsealed its entries (state evicting); their blocks are still durable"},
     {"coll.round.posted",
      "a rank published its post of a collective round (data and descriptor); its round flag is "
      "not yet stored"},

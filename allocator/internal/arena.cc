@@ -945,15 +945,15 @@ absl::Status ArenaState::MakeDurable(PoolOffset off, const LockRunner& lock) {
   uint32_t i = 0;
   Segment* sp = Mine(off, &i);
   auto not_block = [&] {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pool offset 0x", absl::Hex(off), " is not the start of a block of host ", slot_));
+    return absl::InvalidArgumentError(absl::StrCat("pool offset 0x", absl::Hex(off),
+                                                   " is not the start of a block of host ", slot_));
   };
   if (!sp || !sp->valid) return not_block();
   Segment& s = *sp;
   const PoolOffset base = meta_.SegOffset(i);
   auto already = [&] {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the block at 0x", absl::Hex(off), " is not a private block held by a caller"));
+    return absl::FailedPreconditionError(absl::StrCat("the block at 0x", absl::Hex(off),
+                                                      " is not a private block held by a caller"));
   };
   switch (s.state) {
     case SegmentState::kSlab: {
@@ -1031,8 +1031,8 @@ void ArenaState::FinishRedo() {
   if (kind == allocator::RedoKind::kNone || r.checksum != RedoChecksum(r)) return;
   const uint64_t pool_size = meta_.pool().size();
   if (r.word % 8 != 0 || r.word > pool_size - 8) {
-    CXLRT_LOG(kError) << "arena " << slot_ << ": intent record names word 0x" << std::hex
-                      << r.word << " outside the pool; dropped";
+    CXLRT_LOG(kError) << "arena " << slot_ << ": intent record names word 0x" << std::hex << r.word
+                      << " outside the pool; dropped";
     WriteRedo(allocator::RedoKind::kNone);
     return;
   }

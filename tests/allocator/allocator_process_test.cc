@@ -337,8 +337,7 @@ TEST_P(RedoCrashTest, RecoveryFinishesTheStepTheHostDiedIn) {
   ExpectAuditClean(*survivor->pool);
   auto words = survivor->alloc->Find("victim/words");
   ASSERT_TRUE(words.ok()) << words.status();
-  EXPECT_EQ(survivor->pool->coherence().FetchObject<uint64_t>(words->offset),
-            rc.free ? 9u : 7u);
+  EXPECT_EQ(survivor->pool->coherence().FetchObject<uint64_t>(words->offset), rc.free ? 9u : 7u);
   auto st = ReadStats(*survivor->pool);
   ASSERT_TRUE(st.ok());
   uint64_t in_use = 0;
@@ -358,24 +357,24 @@ TEST_P(RedoCrashTest, RecoveryFinishesTheStepTheHostDiedIn) {
   EXPECT_EQ(BytesInUse(*survivor->pool), 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Points, RedoCrashTest,
-    ::testing::Values(RedoCase{"alloc.redo.written", false, 100},
-                      RedoCase{"alloc.redo.block_changed", false, 100},
-                      RedoCase{"alloc.redo.written", false, 200000},
-                      RedoCase{"alloc.redo.block_changed", false, 5 << 20},
-                      RedoCase{"alloc.redo.written", true, 100},
-                      RedoCase{"alloc.redo.block_changed", true, 100},
-                      RedoCase{"alloc.redo.written", true, 200000},
-                      RedoCase{"alloc.redo.block_changed", true, 5 << 20}),
-    [](const auto& info) {
-      std::string n = absl::StrCat(info.param.point, info.param.free ? "_free_" : "_commit_",
-                                   info.param.size);
-      for (char& ch : n) {
-        if (ch == '.') ch = '_';
-      }
-      return n;
-    });
+INSTANTIATE_TEST_SUITE_P(Points, RedoCrashTest,
+                         ::testing::Values(RedoCase{"alloc.redo.written", false, 100},
+                                           RedoCase{"alloc.redo.block_changed", false, 100},
+                                           RedoCase{"alloc.redo.written", false, 200000},
+                                           RedoCase{"alloc.redo.block_changed", false, 5 << 20},
+                                           RedoCase{"alloc.redo.written", true, 100},
+                                           RedoCase{"alloc.redo.block_changed", true, 100},
+                                           RedoCase{"alloc.redo.written", true, 200000},
+                                           RedoCase{"alloc.redo.block_changed", true, 5 << 20}),
+                         [](const auto& info) {
+                           std::string n = absl::StrCat(info.param.point,
+                                                        info.param.free ? "_free_" : "_commit_",
+                                                        info.param.size);
+                           for (char& ch : n) {
+                             if (ch == '.') ch = '_';
+                           }
+                           return n;
+                         });
 
 TEST(RecoveryTest, ARecoveryInterruptedByACrashIsFinishedByTheNext) {
   TempDir dir;

@@ -1,0 +1,965 @@
+#include "kv/store.h"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "kv/internal/eviction.h"
+#include "kv/internal/store_view.h"
+#include "runtime/fault.h"
+#include "runtime/log.h"
+#include "runtime/status_macros.h"
+#include "runtime/wait.h"
+
+namespace cxlrt::kv {
+
+using kv_internal::EntryChecksum;
+using kv_internal::Slot;
+using kv_internal::StoreView;
+
+namespace {
+
+// gen = epoch << kCounterBits | counter: unique per put across the
+// incarnations of a host slot (each attach bumps the epoch).
+constexpr int kCounterBits = 40;
+constexpr uint64_t kStateTombstone = static_cast<uint64_t>(EntryState::kTombstone);
+// Gets and lookups publish the reader counters every this many reads.
+constexpr uint64_t kPublishEvery = 64;
+
+uint64_t Mix(uint64_t h) {
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ull;
+  h ^= h >> 33;
+  return h;
+}
+
+absl::Status CheckName(absl::string_view what, absl::string_view s, size_t max) {
+  if (s.empty()) return absl::InvalidArgumentError(absl::StrCat("the ", what, " is empty"));
+  if (s.size() > max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the ", what, " is ", s.size(), " bytes (at most ", max, ")"));
+  }
+  return absl::OkStatus();
+}
+
+std::string Printable(absl::string_view s) {
+  std::string out;
+  for (char ch : s.substr(0, 48)) {
+    if (ch >= 0x20 && ch < 0x7f) {
+      out += ch;
+    } else {
+      absl::StrAppend(&out, "\\x", absl::Hex(static_cast<uint8_t>(ch), absl::kZeroPad2));
+    }
+  }
+  if (s.size() > 48) out += "...";
+  return out;
+}
+
+}  // namespace
+
+uint64_t KeyHash(uint32_t ns, absl::string_view key) {
+  uint64_t h = Mix(0x9e3779b97f4a7c15ull ^ ns ^ (uint64_t{key.size()} << 32));
+  size_t i = 0;
+  for (; i + 8 <= key.size(); i += 8) {
+    uint64_t w;
+    std::memcpy(&w, key.data() + i, 8);
+    h = Mix(h ^ w);
+  }
+  if (i < key.size()) {
+    uint64_t w = 0;
+    std::memcpy(&w, key.data() + i, key.size() - i);
+    h = Mix(h ^ w ^ 0x5bd1e995ull);
+  }
+  return h;
+}
+
+// What the owner knows of each slot of its partition.
+struct Store::Local {
+  uint64_t state = 0;  // EntryState as in the pool
+  bool busy = false;   // a put is copying into it
+  uint32_t ns = 0;
+  uint64_t size = 0;
+  uint64_t gen = 0;
+  uint64_t hash = 0;
+  PoolOffset block = 0;
+};
+
+struct Store::Found {
+  uint32_t partition = 0;
+  uint32_t index = 0;
+  EntryLayout e{};
+};
+
+Store::Store(allocator::Allocator& alloc, const StoreOptions& options)
+    : alloc_(alloc),
+      pool_(alloc.pool()),
+      c_(alloc.pool().coherence()),
+      membership_(alloc.membership()),
+      options_(options),
+      me_(alloc.slot()) {}
+
+Store::~Store() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!view_ || local_.empty()) return;
+  for (uint32_t ns = 0; ns < counters_.size(); ++ns) {
+    if (counters_[ns].puts || hits_[ns] || misses_[ns]) PublishCounters(ns);
+  }
+  // This process's pins end with it.
+  std::lock_guard<std::mutex> pl(pin_mu_);
+  for (uint64_t k = 0; k < pins_high_; ++k) {
+    static const PinLayout kZero = {};
+    c_.PublishObject(view_->PinOff(me_, static_cast<uint32_t>(k)), kZero);
+  }
+}
+
+const StoreHeaderLayout& Store::header() const { return view_->h(); }
+
+absl::StatusOr<std::unique_ptr<Store>> Store::Open(allocator::Allocator& alloc,
+                                                   const StoreOptions& options) {
+  if (options.pin_lease <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("pin_lease must be positive");
+  }
+  std::unique_ptr<Store> s(new Store(alloc, options));
+  CXLRT_RETURN_IF_ERROR(s->Init());
+  return s;
+}
+
+absl::Status Store::Init() {
+  auto view = StoreView::Open(pool_);
+  if (!view.ok() && view.status().code() == absl::StatusCode::kNotFound && options_.create) {
+    CXLRT_ASSIGN_OR_RETURN(StoreHeaderLayout h,
+                           kv_internal::PlanStore(options_, pool_.host_slots()));
+    allocator::AllocOptions ao;
+    ao.alignment = 4096;
+    auto off = alloc_.AllocateNamed(kStoreRegionName, h.store_bytes, ao);
+    if (off.ok()) {
+      // Zero the tables (header line first, so nobody reads an old store's
+      // header here), then publish the header: its checksum makes it whole.
+      static const uint8_t kZeros[64 << 10] = {};
+      c_.CopyToPool(*off, kZeros, sizeof(StoreHeaderLayout));
+      for (uint64_t done = 0; done < h.store_bytes; done += sizeof(kZeros)) {
+        c_.CopyToPool(*off + done, kZeros,
+                      std::min<uint64_t>(sizeof(kZeros), h.store_bytes - done));
+      }
+      c_.PublishObject(*off, h);
+      CXLRT_LOG(kInfo) << "host " << me_ << " made the KV store of " << pool_.name() << " ("
+                       << h.hosts << " hosts x " << h.entries_per_host << " entries, "
+                       << h.store_bytes << " bytes)";
+    } else if (off.status().code() != absl::StatusCode::kAlreadyExists) {
+      return off.status();
+    }
+    view = StoreView::Open(pool_);
+  }
+  // Another host may be making it: wait for its header, within a deadline.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!view.ok() && view.status().code() == absl::StatusCode::kDataLoss &&
+         absl::StrContains(view.status().message(), "not written") && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+    view = StoreView::Open(pool_);
+  }
+  if (!view.ok()) return view.status();
+  view_ = std::move(*view);
+  const StoreHeaderLayout& h = view_->h();
+  if (me_ >= h.hosts) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("host slot ", me_, " has no partition in the KV store of ", pool_.name(),
+                     ", which was made for host slots 0..", h.hosts - 1));
+  }
+  local_.resize(h.entries_per_host);
+  order_ = std::make_unique<kv_internal::EvictionOrder>(options_.policy == EvictionPolicy::kLru
+                                                            ? kv_internal::Policy::kLru
+                                                            : kv_internal::Policy::kS3Fifo,
+                                                        h.entries_per_host);
+  counters_.assign(h.max_namespaces, NsCountersLayout{});
+  hits_ = std::make_unique<std::atomic<uint64_t>[]>(h.max_namespaces);
+  misses_ = std::make_unique<std::atomic<uint64_t>[]>(h.max_namespaces);
+  {
+    std::lock_guard<std::mutex> lock(ns_mu_);
+    CXLRT_RETURN_IF_ERROR(RefreshNamespaces());
+  }
+  CXLRT_RETURN_IF_ERROR(RecoverPartition());
+  uint32_t seen = 0;
+  for (uint32_t p = 0; p < h.hosts; ++p) {
+    if (view_->PartitionEpoch(p) != 0) seen = p + 1;
+  }
+  partitions_seen_.store(seen, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+absl::Status Store::RecoverPartition() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const StoreHeaderLayout& h = view_->h();
+  const uint64_t epoch = membership_.epoch();
+  next_gen_ = (epoch << kCounterBits) + 1;
+  for (uint32_t ns = 0; ns < h.max_namespaces; ++ns) {
+    counters_[ns] = view_->ReadCounters(me_, ns);
+    counters_[ns].entries = counters_[ns].bytes = 0;  // recounted below
+    hits_[ns] = counters_[ns].hits;
+    misses_[ns] = counters_[ns].misses;
+  }
+  // Every slot as the previous incarnation left it. Sealed entries stay;
+  // puts that never sealed are dropped (their blocks were private and went
+  // with the allocator's recovery); interrupted evictions are finished.
+  std::vector<std::pair<uint64_t, uint32_t>> live;  // (gen, index)
+  uint32_t dropped = 0, finished = 0;
+  for (uint32_t i = 0; i < h.entries_per_host; ++i) {
+    EntryLayout e;
+    const Slot s = view_->ReadEntry(me_, i, &e);
+    const auto state = static_cast<EntryState>(e.state);
+    if (s == Slot::kEmpty) continue;
+    if (s == Slot::kVisible) {
+      Local& l = local_[i];
+      l = Local{e.state, false, e.ns, e.value_size, e.gen, e.key_hash, e.block};
+      live.emplace_back(e.gen, i);
+      continue;
+    }
+    if (state == EntryState::kTombstone) {
+      local_[i].state = kStateTombstone;
+      continue;
+    }
+    if (state == EntryState::kEvicting && e.checksum == EntryChecksum(e)) {
+      // Its block is durable until FreeDurable stores the tombstone.
+      absl::Status st = alloc_.FreeDurable(
+          e.block, view_->EntryOff(me_, i) + offsetof(EntryLayout, state), kStateTombstone);
+      if (!st.ok()) {
+        CXLRT_LOG(kError) << "KV slot " << i << ": finishing its eviction: " << st;
+      }
+      ++finished;
+    } else if (state == EntryState::kPut) {
+      ++dropped;
+    } else {
+      CXLRT_LOG(kError) << "KV slot " << i << " of host " << me_ << " is corrupt (state " << e.state
+                        << "); dropped";
+    }
+    Tombstone(i);
+  }
+  std::sort(live.begin(), live.end());
+  for (auto [gen, i] : live) {
+    order_->Insert(i, local_[i].hash);
+    counters_[local_[i].ns].entries += 1;
+    counters_[local_[i].ns].bytes += local_[i].size;
+  }
+  for (uint32_t ns = 0; ns < h.max_namespaces; ++ns) PublishCounters(ns);
+  // Pins of the previous incarnation are void (its epoch is gone): clear them.
+  PartitionHeaderLayout ph = c_.FetchObject<PartitionHeaderLayout>(view_->PartOff(me_));
+  for (uint64_t k = 0; k < std::min<uint64_t>(ph.pins_high, h.pins_per_host); ++k) {
+    static const PinLayout kZero = {};
+    c_.PublishObject(view_->PinOff(me_, static_cast<uint32_t>(k)), kZero);
+  }
+  ph.pins_high = 0;
+  ph.epoch = epoch;
+  c_.PublishObject(view_->PartOff(me_), ph);
+  {
+    std::lock_guard<std::mutex> pl(pin_mu_);
+    pins_high_ = 0;
+    free_pins_.clear();
+    for (uint32_t k = h.pins_per_host; k-- > 0;) free_pins_.push_back(k);
+  }
+  if (!live.empty() || dropped || finished) {
+    CXLRT_LOG(kInfo) << "host " << me_ << " reopened its KV partition: " << live.size()
+                     << " entries, " << dropped << " unfinished puts dropped, " << finished
+                     << " evictions finished";
+  }
+  return absl::OkStatus();
+}
+
+// --- Namespaces ---
+
+absl::Status Store::RefreshNamespaces() {
+  const uint32_t n = view_->h().max_namespaces;
+  ns_names_.resize(n);
+  for (uint32_t id = 0; id < n; ++id) {
+    if (!ns_names_[id].empty()) continue;  // names never change
+    CXLRT_ASSIGN_OR_RETURN(auto rec, view_->ReadNamespace(id));
+    if (!rec) continue;
+    ns_names_[id].assign(reinterpret_cast<const char*>(rec->name), rec->name_len);
+    ns_ids_[ns_names_[id]] = id;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint32_t> Store::NamespaceId(absl::string_view ns, bool create) {
+  CXLRT_RETURN_IF_ERROR(CheckName("namespace", ns, kMaxNamespaceBytes));
+  std::lock_guard<std::mutex> lock(ns_mu_);
+  auto it = ns_ids_.find(std::string(ns));
+  if (it != ns_ids_.end()) return it->second;
+  CXLRT_RETURN_IF_ERROR(RefreshNamespaces());
+  it = ns_ids_.find(std::string(ns));
+  if (it != ns_ids_.end()) return it->second;
+  if (!create) {
+    return absl::NotFoundError(absl::StrCat("namespace '", Printable(ns), "' has no entries"));
+  }
+  CXLRT_RETURN_IF_ERROR(membership_.WithPoolLock([&]() -> absl::Status {
+    CXLRT_RETURN_IF_ERROR(RefreshNamespaces());
+    if (ns_ids_.count(std::string(ns))) return absl::OkStatus();  // another host made it
+    for (uint32_t id = 0; id < ns_names_.size(); ++id) {
+      if (!ns_names_[id].empty()) continue;
+      NamespaceLayout rec = {};
+      rec.used = 1;
+      rec.name_len = static_cast<uint16_t>(ns.size());
+      std::memcpy(rec.name, ns.data(), ns.size());
+      rec.checksum = kv_internal::NamespaceChecksum(rec);
+      c_.PublishObject(view_->NsOff(id), rec);
+      ns_names_[id] = std::string(ns);
+      ns_ids_[ns_names_[id]] = id;
+      return absl::OkStatus();
+    }
+    return absl::ResourceExhaustedError(absl::StrCat("the KV store has all ", ns_names_.size(),
+                                                     " namespaces in use; '", Printable(ns),
+                                                     "' cannot be added"));
+  }));
+  return ns_ids_.at(std::string(ns));
+}
+
+uint64_t Store::QuotaOf(uint32_t ns) {
+  auto rec = view_->ReadNamespace(ns);
+  return rec.ok() && *rec ? (*rec)->quota : 0;
+}
+
+absl::Status Store::SetQuota(absl::string_view ns, uint64_t bytes) {
+  CXLRT_ASSIGN_OR_RETURN(uint32_t id, NamespaceId(ns, true));
+  return membership_.WithPoolLock([&]() -> absl::Status {
+    CXLRT_ASSIGN_OR_RETURN(auto rec, view_->ReadNamespace(id));
+    if (!rec) return absl::DataLossError("a registered namespace record is gone");
+    rec->quota = bytes;
+    rec->checksum = kv_internal::NamespaceChecksum(*rec);
+    c_.PublishObject(view_->NsOff(id), *rec);
+    return absl::OkStatus();
+  });
+}
+
+uint64_t Store::NsBytesElsewhere(uint32_t ns) {
+  uint64_t total = 0;
+  const uint32_t seen = partitions_seen_.load(std::memory_order_relaxed);
+  for (uint32_t p = 0; p < std::max(seen, me_ + 1); ++p) {
+    if (p != me_) total += view_->ReadCounters(p, ns).bytes;
+  }
+  return total;
+}
+
+// --- Searching ---
+
+absl::StatusOr<std::optional<Store::Found>> Store::Search(uint32_t ns, absl::string_view key,
+                                                          uint64_t hash, uint32_t only) {
+  const StoreHeaderLayout& h = view_->h();
+  const uint32_t mask = h.entries_per_host - 1;
+  uint32_t first = 0, end = partitions_seen_.load(std::memory_order_acquire);
+  if (only != ~0u) first = only, end = only + 1;
+  for (uint32_t p = first; p < end; ++p) {
+    const uint32_t home = static_cast<uint32_t>(hash) & mask;
+    for (uint32_t k = 0; k < h.probe_limit; ++k) {
+      const uint32_t i = (home + k) & mask;
+      Found f;
+      const Slot s = view_->ReadEntry(p, i, &f.e);
+      if (s == Slot::kEmpty) break;
+      if (s == Slot::kInvisible || s == Slot::kTorn) continue;
+      const EntryLayout& e = f.e;
+      if (e.key_hash != hash || e.ns != ns || e.key_len != key.size()) continue;
+      if (s == Slot::kCorrupt) {
+        return absl::DataLossError(absl::StrCat("KV entry ", i, " of host ", p, " at 0x",
+                                                absl::Hex(view_->EntryOff(p, i)),
+                                                " names bytes outside the pool"));
+      }
+      const size_t inline_len = std::min<size_t>(key.size(), kInlineKeyBytes);
+      if (std::memcmp(e.key, key.data(), inline_len) != 0) continue;
+      if (key.size() > inline_len) {
+        char rest[kMaxKeyBytes];
+        c_.Fetch(rest, e.block + sizeof(ValueBlockLayout) + inline_len, key.size() - inline_len);
+        if (std::memcmp(rest, key.data() + inline_len, key.size() - inline_len) != 0) continue;
+      }
+      f.partition = p;
+      f.index = i;
+      return std::optional<Found>(f);
+    }
+  }
+  return std::optional<Found>();
+}
+
+absl::StatusOr<std::optional<Store::Found>> Store::SearchAll(uint32_t ns, absl::string_view key,
+                                                             uint64_t hash) {
+  CXLRT_ASSIGN_OR_RETURN(auto found, Search(ns, key, hash));
+  if (found) return found;
+  // A host that put for the first time since we last looked: widen.
+  const uint32_t before = partitions_seen_.load(std::memory_order_acquire);
+  uint32_t seen = 0;
+  for (uint32_t p = 0; p < view_->h().hosts; ++p) {
+    if (view_->PartitionEpoch(p) != 0) seen = p + 1;
+  }
+  if (seen <= before) return found;
+  partitions_seen_.store(seen, std::memory_order_release);
+  for (uint32_t p = before; p < seen; ++p) {
+    CXLRT_ASSIGN_OR_RETURN(found, Search(ns, key, hash, p));
+    if (found) return found;
+  }
+  return found;
+}
+
+bool Store::SealIs(uint32_t partition, uint32_t index, uint64_t gen) {
+  uint64_t seal = 0;
+  c_.Fetch(&seal, view_->EntryOff(partition, index) + offsetof(EntryLayout, seal), 8);
+  return seal == gen;
+}
+
+// --- Put ---
+
+absl::Status Store::Put(absl::string_view ns, absl::string_view key, const void* data,
+                        size_t size) {
+  CXLRT_RETURN_IF_ERROR(CheckName("key", key, kMaxKeyBytes));
+  CXLRT_ASSIGN_OR_RETURN(uint32_t id, NamespaceId(ns, true));
+  return PutOne(id, ns, key, data, size);
+}
+
+std::vector<absl::Status> Store::BatchPut(absl::string_view ns, absl::Span<const PutItem> items) {
+  std::vector<absl::Status> out;
+  out.reserve(items.size());
+  auto id = NamespaceId(ns, true);
+  for (const PutItem& it : items) {
+    if (!id.ok()) {
+      out.push_back(id.status());
+      continue;
+    }
+    absl::Status st = CheckName("key", it.key, kMaxKeyBytes);
+    out.push_back(st.ok() ? PutOne(*id, ns, it.key, it.data, it.size) : st);
+  }
+  return out;
+}
+
+absl::Status Store::PutOne(uint32_t ns, absl::string_view ns_name, absl::string_view key,
+                           const void* data, size_t size) {
+  if (size == 0) return absl::InvalidArgumentError("a value of 0 bytes");
+  const uint64_t quota = QuotaOf(ns);
+  if (quota != 0 && size > quota) {
+    return absl::InvalidArgumentError(absl::StrCat("a value of ", size,
+                                                   " bytes exceeds the quota of namespace '",
+                                                   Printable(ns_name), "' (", quota, " bytes)"));
+  }
+  const uint64_t hash = KeyHash(ns, key);
+  auto exists = [&](uint32_t owner) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++counters_[ns].put_exists;
+    PublishCounters(ns);
+    return absl::AlreadyExistsError(
+        absl::StrCat("key '", Printable(key), "' of namespace '", Printable(ns_name),
+                     "' is already in the store (put by host ", owner, ")"));
+  };
+  // The first writer wins: exact within this host (checked again under the
+  // lock), best effort across hosts (two hosts putting one key at the same
+  // moment may both succeed; readers then find the lower host's).
+  CXLRT_ASSIGN_OR_RETURN(auto found, SearchAll(ns, key, hash));
+  if (found) return exists(found->partition);
+
+  const StoreHeaderLayout& h = view_->h();
+  const uint32_t mask = h.entries_per_host - 1;
+  const uint64_t block_bytes = ValueOffset(static_cast<uint32_t>(key.size())) + size;
+  uint32_t index = 0;
+  PoolOffset block = 0;
+  uint64_t gen = 0;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    CXLRT_ASSIGN_OR_RETURN(found, Search(ns, key, hash, me_));
+    if (found) {
+      lock.unlock();
+      return exists(me_);
+    }
+    const uint32_t home = static_cast<uint32_t>(hash) & mask;
+    std::vector<uint32_t> window;
+    for (uint32_t k = 0; k < h.probe_limit; ++k) {
+      const uint32_t i = (home + k) & mask;
+      if (local_[i].busy && local_[i].hash == hash && local_[i].ns == ns) {
+        lock.unlock();  // the same key is being put by another thread
+        return exists(me_);
+      }
+      window.push_back(i);
+    }
+    // Quota: evict this host's entries of the namespace to make room.
+    if (quota != 0) {
+      const uint64_t total = counters_[ns].bytes + NsBytesElsewhere(ns);
+      if (total + size > quota) {
+        Evict(total + size - quota, 0, [&](uint32_t i) { return local_[i].ns == ns; });
+        if (counters_[ns].bytes + NsBytesElsewhere(ns) + size > quota) {
+          return absl::ResourceExhaustedError(absl::StrCat(
+              "namespace '", Printable(ns_name), "' is at its quota of ", quota,
+              " bytes and this host has no more of its entries it may evict (pinned, or held by "
+              "other hosts)"));
+        }
+      }
+    }
+    // An index slot in the key's probe window.
+    int64_t slot = -1;
+    for (uint32_t i : window) {
+      if (!local_[i].busy && local_[i].state != static_cast<uint64_t>(EntryState::kPut)) {
+        slot = i;
+        break;
+      }
+    }
+    if (slot < 0) {
+      const int64_t v = order_->OldestOf(window);
+      if (v >= 0) {
+        order_->Remove(static_cast<uint32_t>(v));
+        if (!EvictSlots({static_cast<uint32_t>(v)}).empty()) slot = v;
+      }
+      if (slot < 0) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "the index of host ", me_, " has no free slot near this key's (", h.probe_limit,
+            " slots from ", home, " are in use or pinned); the store has ", h.entries_per_host,
+            " entries per host"));
+      }
+    }
+    index = static_cast<uint32_t>(slot);
+    // The block: when the pool is full, evict a batch of this host's
+    // entries (a thirty-second of its bytes at least) and try again.
+    for (;;) {
+      auto b = alloc_.Allocate(block_bytes);
+      if (b.ok()) {
+        block = *b;
+        break;
+      }
+      if (b.status().code() != absl::StatusCode::kResourceExhausted) return b.status();
+      uint64_t mine = 0;
+      for (const auto& k : counters_) mine += k.bytes;
+      const Evicted ev =
+          Evict(std::max<uint64_t>(block_bytes, mine / 32), 0, [](uint32_t) { return true; });
+      if (ev.entries == 0) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("no room in ", pool_.name(), " for a value of ", size, " bytes, and host ",
+                         me_, " has no entry it may evict (", b.status().message(), ")"));
+      }
+    }
+    gen = next_gen_++;
+    Local& l = local_[index];
+    l = Local{static_cast<uint64_t>(EntryState::kPut), true, ns, size, gen, hash, block};
+    EntryLayout e = {};
+    e.state = static_cast<uint64_t>(EntryState::kPut);
+    e.gen = gen;
+    e.block = block;
+    e.key_hash = hash;
+    e.value_size = size;
+    e.ns = ns;
+    e.key_len = static_cast<uint16_t>(key.size());
+    std::memcpy(e.key, key.data(), std::min<size_t>(key.size(), kInlineKeyBytes));
+    e.checksum = EntryChecksum(e);
+    WriteEntry(index, e);  // unsealed: invisible, and dropped by recovery
+  }
+  // The copy runs without the lock: other threads put and get meanwhile.
+  ValueBlockLayout bh = {};
+  bh.magic = kBlockMagic;
+  bh.gen = gen;
+  bh.value_size = size;
+  bh.ns = ns;
+  bh.key_len = static_cast<uint16_t>(key.size());
+  bh.checksum = kv_internal::BlockChecksum(bh);
+  c_.Write(block, &bh, sizeof(bh));
+  c_.Write(block + sizeof(bh), key.data(), key.size());
+  c_.Flush(block, sizeof(bh) + key.size());
+  c_.CopyToPool(block + ValueOffset(static_cast<uint32_t>(key.size())), data, size);
+  CXLRT_FAULT_POINT("kv.put.copied");
+  // The commit point: the block turns durable and the seal is stored, as
+  // one step across crashes.
+  absl::Status st =
+      alloc_.CommitDurable(block, view_->EntryOff(me_, index) + offsetof(EntryLayout, seal), gen);
+  std::lock_guard<std::mutex> lock(mu_);
+  Local& l = local_[index];
+  l.busy = false;
+  if (!st.ok()) {
+    (void)alloc_.Free(block);
+    Tombstone(index);
+    return st;
+  }
+  order_->Insert(index, hash);
+  NsCountersLayout& k = counters_[ns];
+  k.entries += 1;
+  k.bytes += size;
+  k.puts += 1;
+  PublishCounters(ns);
+  if (partitions_seen_.load(std::memory_order_relaxed) <= me_) {
+    uint32_t seen = partitions_seen_.load();
+    while (seen <= me_ && !partitions_seen_.compare_exchange_weak(seen, me_ + 1)) {
+    }
+  }
+  return absl::OkStatus();
+}
+
+// --- Get ---
+
+absl::StatusOr<size_t> Store::Get(absl::string_view ns, absl::string_view key, void* dst,
+                                  size_t capacity) {
+  CXLRT_RETURN_IF_ERROR(CheckName("key", key, kMaxKeyBytes));
+  auto id = NamespaceId(ns, false);
+  if (!id.ok()) return id.status();
+  return GetOne(*id, key, dst, capacity);
+}
+
+std::vector<absl::StatusOr<size_t>> Store::BatchGet(absl::string_view ns,
+                                                    absl::Span<const GetItem> items) {
+  std::vector<absl::StatusOr<size_t>> out;
+  out.reserve(items.size());
+  auto id = NamespaceId(ns, false);
+  for (const GetItem& it : items) {
+    if (!id.ok()) {
+      out.push_back(id.status());
+      continue;
+    }
+    absl::Status st = CheckName("key", it.key, kMaxKeyBytes);
+    if (!st.ok()) {
+      out.push_back(st);
+      continue;
+    }
+    out.push_back(GetOne(*id, it.key, it.dst, it.capacity));
+  }
+  return out;
+}
+
+absl::StatusOr<size_t> Store::GetOne(uint32_t ns, absl::string_view key, void* dst,
+                                     size_t capacity) {
+  const uint64_t hash = KeyHash(ns, key);
+  auto count = [&](std::atomic<uint64_t>* counter) {
+    counter[ns].fetch_add(1, std::memory_order_relaxed);
+    if (reads_.fetch_add(1, std::memory_order_relaxed) % kPublishEvery == 0) {
+      std::lock_guard<std::mutex> lock(mu_);
+      PublishCounters(ns);
+    }
+  };
+  // A get that races an eviction sees the seal change and looks again; a
+  // key evicted for good is then not found.
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    CXLRT_ASSIGN_OR_RETURN(auto found, SearchAll(ns, key, hash));
+    if (!found) break;
+    const EntryLayout& e = found->e;
+    if (e.value_size > capacity) {
+      return absl::InvalidArgumentError(absl::StrCat("the value of key '", Printable(key), "' is ",
+                                                     e.value_size, " bytes; the destination holds ",
+                                                     capacity));
+    }
+    const auto bh = c_.FetchObject<ValueBlockLayout>(e.block);
+    const bool block_ok = bh.magic == kBlockMagic && bh.gen == e.gen &&
+                          bh.value_size == e.value_size &&
+                          bh.checksum == kv_internal::BlockChecksum(bh);
+    if (block_ok) c_.CopyFromPool(dst, e.block + ValueOffset(e.key_len), e.value_size);
+    // Loads of the value before the seal's: x86 keeps loads in order; the
+    // fence keeps the compiler from moving them.
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (!SealIs(found->partition, found->index, e.gen)) continue;  // evicted meanwhile
+    if (!block_ok) {
+      return absl::DataLossError(absl::StrCat("the value block at 0x", absl::Hex(e.block),
+                                              " of a sealed KV entry (host ", found->partition,
+                                              ", slot ", found->index, ") is corrupt"));
+    }
+    count(hits_.get());
+    if (found->partition == me_) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (local_[found->index].gen == e.gen) order_->Touch(found->index);
+    }
+    return static_cast<size_t>(e.value_size);
+  }
+  count(misses_.get());
+  return absl::NotFoundError(absl::StrCat("key '", Printable(key), "' is not in the store"));
+}
+
+absl::StatusOr<uint64_t> Store::ValueSize(absl::string_view ns, absl::string_view key) {
+  CXLRT_RETURN_IF_ERROR(CheckName("key", key, kMaxKeyBytes));
+  CXLRT_ASSIGN_OR_RETURN(uint32_t id, NamespaceId(ns, false));
+  CXLRT_ASSIGN_OR_RETURN(auto found, SearchAll(id, key, KeyHash(id, key)));
+  if (!found)
+    return absl::NotFoundError(absl::StrCat("key '", Printable(key), "' is not in the store"));
+  return found->e.value_size;
+}
+
+absl::StatusOr<bool> Store::Contains(absl::string_view ns, absl::string_view key) {
+  auto size = ValueSize(ns, key);
+  if (size.ok()) return true;
+  if (size.status().code() == absl::StatusCode::kNotFound) return false;
+  return size.status();
+}
+
+// --- Lookup and pins ---
+
+absl::StatusOr<size_t> Store::Lookup(absl::string_view ns, absl::Span<const std::string> chain,
+                                     PinSet* pins) {
+  for (const std::string& key : chain) CXLRT_RETURN_IF_ERROR(CheckName("key", key, kMaxKeyBytes));
+  auto id = NamespaceId(ns, false);
+  if (!id.ok()) {
+    if (id.status().code() == absl::StatusCode::kNotFound) return 0;
+    return id.status();
+  }
+  CXLRT_ASSIGN_OR_RETURN(runtime::HostView self, membership_.Host(me_));
+  const uint64_t beat_ms = std::max<uint64_t>(self.record.heartbeat_ms, 1);
+  PinLayout pin = {};
+  pin.epoch = membership_.epoch();
+  pin.expires_beat =
+      self.record.heartbeat + absl::ToInt64Milliseconds(options_.pin_lease) / beat_ms + 1;
+  size_t n = 0;
+  for (const std::string& key : chain) {
+    CXLRT_ASSIGN_OR_RETURN(auto found, SearchAll(*id, key, KeyHash(*id, key)));
+    if (!found) break;
+    uint32_t rec = 0;
+    {
+      std::lock_guard<std::mutex> lock(pin_mu_);
+      if (free_pins_.empty()) {
+        CXLRT_LOG(kWarning) << "KV pin table of host " << me_ << " is full ("
+                            << view_->h().pins_per_host << "): a lookup stops at " << n << " keys";
+        break;
+      }
+      rec = free_pins_.back();
+      free_pins_.pop_back();
+      if (rec >= pins_high_) {
+        pins_high_ = rec + 1;
+        c_.Publish(view_->PartOff(me_) + offsetof(PartitionHeaderLayout, pins_high), &pins_high_,
+                   8);
+      }
+    }
+    pin.partition = found->partition;
+    pin.index = found->index;
+    pin.gen = found->e.gen;
+    // Pin, then check the entry is still sealed: an owner unseals before it
+    // reads pins, so either it sees this pin or this check sees the unseal.
+    c_.PublishObject(view_->PinOff(me_, rec), pin);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (!SealIs(found->partition, found->index, found->e.gen)) {
+      static const PinLayout kZero = {};
+      c_.PublishObject(view_->PinOff(me_, rec), kZero);
+      std::lock_guard<std::mutex> lock(pin_mu_);
+      free_pins_.push_back(rec);
+      break;
+    }
+    pins->records_.push_back(rec);
+    ++n;
+    if (found->partition == me_) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (local_[found->index].gen == found->e.gen) order_->Touch(found->index);
+    }
+  }
+  hits_[*id].fetch_add(n, std::memory_order_relaxed);
+  if (n < chain.size()) misses_[*id].fetch_add(1, std::memory_order_relaxed);
+  if (reads_.fetch_add(1, std::memory_order_relaxed) % kPublishEvery == 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    PublishCounters(*id);
+  }
+  return n;
+}
+
+void Store::Release(PinSet& pins) {
+  static const PinLayout kZero = {};
+  for (uint32_t rec : pins.records_) c_.PublishObject(view_->PinOff(me_, rec), kZero);
+  std::lock_guard<std::mutex> lock(pin_mu_);
+  free_pins_.insert(free_pins_.end(), pins.records_.begin(), pins.records_.end());
+  pins.records_.clear();
+}
+
+std::vector<std::pair<uint32_t, uint64_t>> Store::PinnedHere() {
+  std::vector<std::pair<uint32_t, uint64_t>> out;
+  auto hosts = membership_.Hosts();
+  if (!hosts.ok()) {
+    // Without the host table no pin can be judged expired: treat every
+    // recorded pin as live (never evict a pinned entry).
+    CXLRT_LOG(kWarning) << "KV eviction cannot read the host table: " << hosts.status();
+  }
+  const StoreHeaderLayout& h = view_->h();
+  std::vector<PinLayout> pins;
+  for (uint32_t p = 0; p < h.hosts; ++p) {
+    const runtime::HostView* v = nullptr;
+    if (hosts.ok()) {
+      for (const auto& hv : *hosts) {
+        if (hv.record.slot == p) v = &hv;
+      }
+      if (!v ||
+          (v->liveness != runtime::Liveness::kAlive && v->liveness != runtime::Liveness::kSelf)) {
+        continue;  // a dead host's pins have expired
+      }
+    }
+    uint64_t high = 0;
+    c_.Fetch(&high, view_->PartOff(p) + offsetof(PartitionHeaderLayout, pins_high), 8);
+    high = std::min<uint64_t>(high, h.pins_per_host);
+    if (high == 0) continue;
+    pins.resize(high);
+    c_.Fetch(pins.data(), view_->PinOff(p, 0), high * sizeof(PinLayout));
+    for (const PinLayout& pin : pins) {
+      if (pin.gen == 0 || pin.partition != me_) continue;
+      if (v && (pin.epoch != v->record.epoch || v->record.heartbeat >= pin.expires_beat)) continue;
+      out.emplace_back(pin.index, pin.gen);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// --- Eviction (owner side) ---
+
+Store::Evicted Store::Evict(uint64_t bytes, uint32_t count,
+                            const std::function<bool(uint32_t)>& eligible) {
+  Evicted out;
+  while ((bytes && out.bytes < bytes) || (count && out.entries < count)) {
+    const size_t want = count ? count - out.entries : 8;
+    auto victims =
+        order_->TakeVictims(want, [&](uint32_t i) { return !local_[i].busy && eligible(i); });
+    if (victims.empty()) break;
+    std::vector<uint64_t> sizes;
+    for (uint32_t v : victims) sizes.push_back(local_[v].size);
+    const auto gone = EvictSlots(victims);
+    for (uint32_t v : gone) {
+      out.bytes += sizes[std::find(victims.begin(), victims.end(), v) - victims.begin()];
+      ++out.entries;
+    }
+    if (gone.empty()) break;  // all pinned
+  }
+  return out;
+}
+
+std::vector<uint32_t> Store::EvictSlots(const std::vector<uint32_t>& victims) {
+  auto pinned = [](const std::vector<std::pair<uint32_t, uint64_t>>& set, uint32_t i,
+                   uint64_t gen) {
+    return std::binary_search(set.begin(), set.end(), std::make_pair(i, gen));
+  };
+  std::vector<uint32_t> go, gone;
+  {
+    const auto before = PinnedHere();
+    for (uint32_t v : victims) {
+      if (pinned(before, v, local_[v].gen)) {
+        order_->Reinstate(v);
+      } else {
+        go.push_back(v);
+      }
+    }
+  }
+  if (go.empty()) return gone;
+  // Unseal, then read the pins again: a reader pins, then checks the seal,
+  // so a reader that pinned after our first look either shows up now or
+  // saw the unseal and let go.
+  std::vector<EntryLayout> heads(go.size());
+  for (size_t k = 0; k < go.size(); ++k) {
+    c_.Fetch(&heads[k], view_->EntryOff(me_, go[k]), sizeof(EntryLayout));
+    heads[k].seal = 0;
+    heads[k].state = static_cast<uint64_t>(EntryState::kEvicting);
+    WriteEntryHead(go[k], heads[k]);
+  }
+  CXLRT_FAULT_POINT("kv.evict.unsealed");
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  const auto after = PinnedHere();
+  std::set<uint32_t> touched_ns;
+  for (size_t k = 0; k < go.size(); ++k) {
+    const uint32_t v = go[k];
+    Local& l = local_[v];
+    if (pinned(after, v, l.gen)) {
+      heads[k].seal = l.gen;
+      heads[k].state = static_cast<uint64_t>(EntryState::kPut);
+      WriteEntryHead(v, heads[k]);
+      order_->Reinstate(v);
+      continue;
+    }
+    absl::Status st = alloc_.FreeDurable(
+        l.block, view_->EntryOff(me_, v) + offsetof(EntryLayout, state), kStateTombstone);
+    if (!st.ok()) {
+      CXLRT_LOG(kError) << "KV eviction of slot " << v << ": freeing its block: " << st;
+      Tombstone(v);
+    }
+    l.state = kStateTombstone;
+    NsCountersLayout& c = counters_[l.ns];
+    c.entries -= 1;
+    c.bytes -= l.size;
+    c.evictions += 1;
+    touched_ns.insert(l.ns);
+    gone.push_back(v);
+    // A tombstone before an empty slot ends no probe early: it can be empty.
+    const uint32_t mask = view_->h().entries_per_host - 1;
+    for (uint32_t j = v; local_[(j + 1) & mask].state == 0 && local_[j].state == kStateTombstone;
+         j = (j - 1) & mask) {
+      static const EntryLayout kEmpty = {};
+      WriteEntryHead(j, kEmpty);
+      local_[j] = Local{};
+    }
+  }
+  for (uint32_t ns : touched_ns) PublishCounters(ns);
+  return gone;
+}
+
+absl::Status Store::Delete(absl::string_view ns, absl::string_view key) {
+  CXLRT_RETURN_IF_ERROR(CheckName("key", key, kMaxKeyBytes));
+  CXLRT_ASSIGN_OR_RETURN(uint32_t id, NamespaceId(ns, false));
+  const uint64_t hash = KeyHash(id, key);
+  std::unique_lock<std::mutex> lock(mu_);
+  CXLRT_ASSIGN_OR_RETURN(auto found, Search(id, key, hash, me_));
+  if (!found) {
+    lock.unlock();
+    CXLRT_ASSIGN_OR_RETURN(auto other, SearchAll(id, key, hash));
+    if (other) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("key '", Printable(key), "' belongs to host ", other->partition,
+                       ": only its owner removes it (by eviction)"));
+    }
+    return absl::NotFoundError(absl::StrCat("key '", Printable(key), "' is not in the store"));
+  }
+  const uint32_t i = found->index;
+  if (local_[i].busy || local_[i].gen != found->e.gen) {
+    return absl::FailedPreconditionError("the entry is changing; try again");
+  }
+  order_->Remove(i);
+  if (EvictSlots({i}).empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("key '", Printable(key), "' is pinned by a reader; delete it once released"));
+  }
+  return absl::OkStatus();
+}
+
+// --- Writing this host's partition ---
+
+void Store::WriteEntry(uint32_t index, const EntryLayout& e) {
+  c_.PublishObject(view_->EntryOff(me_, index), e);
+}
+
+void Store::WriteEntryHead(uint32_t index, const EntryLayout& e) {
+  c_.Publish(view_->EntryOff(me_, index), &e, 64);
+}
+
+void Store::Tombstone(uint32_t index) {
+  c_.Publish(view_->EntryOff(me_, index) + offsetof(EntryLayout, state), &kStateTombstone, 8);
+  uint64_t zero = 0;
+  c_.Publish(view_->EntryOff(me_, index) + offsetof(EntryLayout, seal), &zero, 8);
+  local_[index] = Local{};
+  local_[index].state = kStateTombstone;
+}
+
+void Store::PublishCounters(uint32_t ns) {
+  NsCountersLayout& k = counters_[ns];
+  k.hits = hits_[ns].load(std::memory_order_relaxed);
+  k.misses = misses_[ns].load(std::memory_order_relaxed);
+  c_.PublishObject(view_->CounterOff(me_, ns), k);
+}
+
+absl::StatusOr<StoreStats> Store::Stats() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (uint32_t ns = 0; ns < counters_.size(); ++ns) PublishCounters(ns);
+  }
+  return view_->Stats();
+}
+
+// --- Tools ---
+
+bool HasStore(const runtime::Pool& pool) { return pool.FindRegion(kStoreRegionName).ok(); }
+
+absl::StatusOr<StoreStats> ReadStats(const runtime::Pool& pool) {
+  CXLRT_ASSIGN_OR_RETURN(auto view, StoreView::Open(pool));
+  return view->Stats();
+}
+
+absl::StatusOr<std::vector<EntryInfo>> ListEntries(const runtime::Pool& pool,
+                                                   std::optional<std::string> ns) {
+  CXLRT_ASSIGN_OR_RETURN(auto view, StoreView::Open(pool));
+  return view->List(ns);
+}
+
+absl::Status Audit(const runtime::Pool& pool, std::vector<std::string>* problems) {
+  CXLRT_ASSIGN_OR_RETURN(auto view, StoreView::Open(pool));
+  std::vector<std::string> found;
+  view->Audit(&found);
+  if (problems) problems->insert(problems->end(), found.begin(), found.end());
+  if (found.empty()) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat("KV store of ", pool.name(), ": ", found.size(),
+                                          " problems; first: ", found.front()));
+}
+
+}  // namespace cxlrt::kv
