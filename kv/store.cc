@@ -345,8 +345,10 @@ uint64_t Store::NsBytesElsewhere(uint32_t ns) {
 // --- Searching ---
 
 absl::StatusOr<std::optional<Store::Found>> Store::Search(uint32_t ns, absl::string_view key,
-                                                          uint64_t hash, uint32_t only) {
+                                                          uint64_t hash, uint32_t only,
+                                                          bool* evicting) {
   const StoreHeaderLayout& h = view_->h();
+  std::optional<Found> leaving;  // a matching entry being evicted
   const uint32_t mask = h.entries_per_host - 1;
   uint32_t first = 0, end = partitions_seen_.load(std::memory_order_acquire);
   if (only != ~0u) first = only, end = only + 1;
@@ -358,6 +360,7 @@ absl::StatusOr<std::optional<Store::Found>> Store::Search(uint32_t ns, absl::str
       const Slot s = view_->ReadEntry(p, i, &f.e);
       if (s == Slot::kEmpty) break;
       if (s == Slot::kInvisible || s == Slot::kTorn) continue;
+      if (s == Slot::kEvicting && (!evicting || leaving)) continue;
       const EntryLayout& e = f.e;
       if (e.key_hash != hash || e.ns != ns || e.key_len != key.size()) continue;
       if (s == Slot::kCorrupt) {
@@ -374,15 +377,20 @@ absl::StatusOr<std::optional<Store::Found>> Store::Search(uint32_t ns, absl::str
       }
       f.partition = p;
       f.index = i;
+      if (s == Slot::kEvicting) {
+        leaving = f;
+        continue;
+      }
       return std::optional<Found>(f);
     }
   }
-  return std::optional<Found>();
+  if (leaving) *evicting = true;
+  return leaving;
 }
 
 absl::StatusOr<std::optional<Store::Found>> Store::SearchAll(uint32_t ns, absl::string_view key,
-                                                             uint64_t hash) {
-  CXLRT_ASSIGN_OR_RETURN(auto found, Search(ns, key, hash));
+                                                             uint64_t hash, bool* evicting) {
+  CXLRT_ASSIGN_OR_RETURN(auto found, Search(ns, key, hash, ~0u, evicting));
   if (found) return found;
   // A host that put for the first time since we last looked: widen.
   const uint32_t before = partitions_seen_.load(std::memory_order_acquire);
@@ -393,7 +401,7 @@ absl::StatusOr<std::optional<Store::Found>> Store::SearchAll(uint32_t ns, absl::
   if (seen <= before) return found;
   partitions_seen_.store(seen, std::memory_order_release);
   for (uint32_t p = before; p < seen; ++p) {
-    CXLRT_ASSIGN_OR_RETURN(found, Search(ns, key, hash, p));
+    CXLRT_ASSIGN_OR_RETURN(found, Search(ns, key, hash, p, evicting));
     if (found) return found;
   }
   return found;
@@ -627,9 +635,28 @@ absl::StatusOr<size_t> Store::GetOne(uint32_t ns, absl::string_view key, void* d
   // A get that races an eviction sees the seal change and looks again; a
   // key evicted for good is then not found.
   for (int attempt = 0; attempt < 4; ++attempt) {
-    CXLRT_ASSIGN_OR_RETURN(auto found, SearchAll(ns, key, hash));
+    bool evicting = false;
+    CXLRT_ASSIGN_OR_RETURN(auto found, SearchAll(ns, key, hash, &evicting));
     if (!found) break;
     const EntryLayout& e = found->e;
+    if (evicting) {
+      // Its owner is evicting it, and puts it back if a reader has it
+      // pinned (this host may be that reader). Either happens within
+      // microseconds; wait for it, within a deadline (an owner that dies
+      // meanwhile leaves the entry unsealed: not found).
+      const PoolOffset head = view_->EntryOff(found->partition, found->index);
+      uint64_t line[2];
+      absl::Status waited = runtime::WaitUntil(
+          [&] {
+            c_.Fetch(line, head, sizeof(line));  // seal, state
+            return line[0] == e.gen || line[1] != static_cast<uint64_t>(EntryState::kEvicting);
+          },
+          absl::Now() + absl::Milliseconds(50), "a KV entry being evicted", nullptr,
+          absl::Milliseconds(50));
+      if (!waited.ok() || line[0] != e.gen) break;
+      --attempt;  // put back: read it again
+      continue;
+    }
     if (e.value_size > capacity) {
       return absl::InvalidArgumentError(absl::StrCat("the value of key '", Printable(key), "' is ",
                                                      e.value_size, " bytes; the destination holds ",

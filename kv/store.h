@@ -190,9 +190,13 @@ class Store {
   uint64_t QuotaOf(uint32_t ns);
 
   // Searches every partition; nullopt when no visible entry has the key.
+  // With `evicting` set, an entry being evicted that has the key is
+  // returned (and *evicting set true) when no visible one does.
   absl::StatusOr<std::optional<Found>> Search(uint32_t ns, absl::string_view key, uint64_t hash,
-                                              uint32_t only_partition = ~0u);
-  absl::StatusOr<std::optional<Found>> SearchAll(uint32_t ns, absl::string_view key, uint64_t hash);
+                                              uint32_t only_partition = ~0u,
+                                              bool* evicting = nullptr);
+  absl::StatusOr<std::optional<Found>> SearchAll(uint32_t ns, absl::string_view key, uint64_t hash,
+                                                 bool* evicting = nullptr);
   bool SealIs(uint32_t partition, uint32_t index, uint64_t gen);
 
   absl::Status PutOne(uint32_t ns, absl::string_view ns_name, absl::string_view key,

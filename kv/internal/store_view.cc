@@ -120,8 +120,13 @@ Slot StoreView::ReadEntry(uint32_t p, uint32_t i, EntryLayout* e) const {
     c().Fetch(e, off, sizeof(*e));
     const auto state = static_cast<kv::EntryState>(e->state);
     if (state == kv::EntryState::kEmpty) return Slot::kEmpty;
-    if (state != kv::EntryState::kPut || e->seal != e->gen || e->gen == 0) return Slot::kInvisible;
-    if (e->checksum != EntryChecksum(*e)) continue;  // being rewritten: read again
+    const bool evicting = state == kv::EntryState::kEvicting;
+    if (!evicting && (state != kv::EntryState::kPut || e->seal != e->gen)) return Slot::kInvisible;
+    if (e->gen == 0) return Slot::kInvisible;
+    if (e->checksum != EntryChecksum(*e)) {
+      if (evicting) return Slot::kInvisible;  // an interrupted put's slot, or torn
+      continue;                               // being rewritten: read again
+    }
     const uint64_t size = pool_.size();
     const uint64_t heap = pool_.header().heap_offset;
     if (e->key_len == 0 || e->key_len > kv::kMaxKeyBytes || e->ns >= h_.max_namespaces ||
@@ -129,7 +134,7 @@ Slot StoreView::ReadEntry(uint32_t p, uint32_t i, EntryLayout* e) const {
         kv::ValueOffset(e->key_len) + e->value_size > size - e->block) {
       return Slot::kCorrupt;
     }
-    return Slot::kVisible;
+    return evicting ? Slot::kEvicting : Slot::kVisible;
   }
   return Slot::kTorn;
 }
@@ -271,7 +276,14 @@ void StoreView::Audit(std::vector<std::string>* problems) const {
       ++entries[e.ns];
       bytes[e.ns] += e.value_size;
     }
-    for (uint32_t id = 0; id < h_.max_namespaces; ++id) {
+    // Counters are exact for a partition whose host is attached (it
+    // publishes them with every change). A host that died may have had a
+    // put finished by its arena's recovery: its counters are recomputed
+    // when the slot reopens.
+    auto rec = pool_.ReadHost(p);
+    const bool owner_here =
+        rec.ok() && rec->state == runtime::SlotState::kAttached && rec->epoch == PartitionEpoch(p);
+    for (uint32_t id = 0; id < h_.max_namespaces && owner_here; ++id) {
       const NsCountersLayout k = ReadCounters(p, id);
       if (k.entries != entries[id] || k.bytes != bytes[id]) {
         problem("KV counters of host ", p, ", namespace ", id, ": ", k.entries, " entries / ",

@@ -38,6 +38,7 @@ enum class Slot {
   kEmpty,      // never used: a search stops
   kInvisible,  // tombstone, a put in flight, an eviction
   kVisible,    // sealed, checksum good, bounds good
+  kEvicting,   // being evicted (checksum and bounds good): it goes, or comes back if pinned
   kTorn,       // changed while read (retried, still not whole)
   kCorrupt,    // sealed and whole but naming bytes outside the pool
 };
