@@ -53,8 +53,9 @@ struct StoreOptions {
   bool create = false;
   // The geometry of a store being made (ignored when it exists): host
   // slots [0, hosts) get a partition of `entries_per_host` index slots (a
-  // power of two) and `pins_per_host` pin records.
-  uint32_t hosts = 16;
+  // power of two) and `pins_per_host` pin records. hosts 0: every host slot
+  // of the pool.
+  uint32_t hosts = 0;
   uint32_t entries_per_host = 4096;
   uint32_t pins_per_host = 1024;
   uint32_t max_namespaces = 64;

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Quick start, command 1: install, build, and run the demo on an emulated
 # pool: `cxlrt run` starts two emulated hosts (two processes) that attach
-# and see each other's heartbeats, then `cxlrt pool info`, `cxlrt pool
-# check`, and `cxlrt bench pool` on an emulated switch-attached CXL pool.
+# and see each other's heartbeats, then `cxlrt pool info`, a KV-cache block
+# handoff between emulated hosts (`cxlrt kv handoff`, `cxlrt kv stats`),
+# `cxlrt pool check`, `cxlrt bench pool` on an emulated switch-attached CXL
+# pool, and a 4-rank all-reduce.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -28,6 +30,12 @@ echo
 echo "== cxlrt pool info $pool (while both are attached)"
 $cxlrt pool info "$pool"
 wait "$job"
+echo
+echo "== cxlrt run: KV-cache handoff: host 0 (prefill) puts a chain of 8 KV blocks, hosts 1-2 (decode) look it up, pin it and get it"
+$cxlrt run -n 3 --pool "$pool" -- "$cxlrt" kv handoff --blocks 8 --block 256K
+echo
+echo "== cxlrt kv stats $pool"
+$cxlrt kv stats "$pool"
 echo
 echo "== cxlrt pool check $pool"
 $cxlrt pool check "$pool"

@@ -2,6 +2,7 @@
 // 0 success, 1 the operation failed (message on stderr), 2 bad usage.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,15 @@ int PoolDestroy(const std::string& uri, bool force);
 int PoolAttach(const std::string& uri, int slot, double seconds, int interval_ms);
 int PoolFence(const std::string& uri, int slot, bool force);
 int Doctor(bool json);
+// `cxlrt kv`: statistics and listing read the pool without attaching; put
+// and get attach as a host; handoff runs as one rank under `cxlrt run`.
+int KvStats(const std::string& uri, bool json);
+int KvList(const std::string& uri, const std::string& ns, bool json);
+int KvPut(const std::string& uri, const std::string& ns, const std::string& key,
+          const std::string& file);
+int KvGet(const std::string& uri, const std::string& ns, const std::string& key,
+          const std::string& out);
+int KvHandoff(uint64_t block_bytes, int blocks, double timeout_s);
 // Starts `ranks` processes over `hosts` emulated hosts (0: one per rank) on
 // `pool` ("" : a fresh one). Returns 0, the failed rank's exit code, or 2
 // when the job could not start.

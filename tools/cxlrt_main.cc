@@ -87,6 +87,42 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1e7));
   run->add_option("command", command, "Command and arguments, after --")->required();
 
+  CLI::App* kv = app.add_subcommand("kv", "The KV-cache store of a pool");
+  kv->require_subcommand(1);
+  std::string kv_ns, kv_key, kv_file = "-";
+  CLI::App* kv_stats = kv->add_subcommand(
+      "stats", "Entries, bytes, hits, misses and evictions per namespace (all hosts)");
+  kv_stats->add_option("uri", uri, uri_help);
+  kv_stats->add_flag("--json", json, "Machine-readable output");
+  CLI::App* kv_ls = kv->add_subcommand("ls", "List the entries (namespace, key, size, owner)");
+  kv_ls->add_option("uri", uri, uri_help);
+  kv_ls->add_option("--namespace", kv_ns, "Only this namespace");
+  kv_ls->add_flag("--json", json, "Machine-readable output");
+  CLI::App* kv_put = kv->add_subcommand(
+      "put",
+      "Put a file (or stdin) under NAMESPACE KEY, as a host of the pool (makes the store "
+      "when the pool has none)");
+  kv_put->add_option("namespace", kv_ns, "Namespace")->required();
+  kv_put->add_option("key", kv_key, "Key")->required();
+  kv_put->add_option("file", kv_file, "File to put ('-': stdin)");
+  kv_put->add_option("--pool", uri, uri_help);
+  CLI::App* kv_get = kv->add_subcommand("get", "Get NAMESPACE KEY into a file (or stdout)");
+  kv_get->add_option("namespace", kv_ns, "Namespace")->required();
+  kv_get->add_option("key", kv_key, "Key")->required();
+  kv_get->add_option("-o,--output", kv_file, "Output file ('-': stdout)");
+  kv_get->add_option("--pool", uri, uri_help);
+  std::string handoff_block = "256K";
+  int handoff_blocks = 8;
+  double handoff_timeout = 30;
+  CLI::App* kv_handoff = kv->add_subcommand(
+      "handoff",
+      "Demo, one rank per emulated host under `cxlrt run`: rank 0 (prefill) puts a chain of KV "
+      "blocks, the other ranks (decode) look the chain up, pin it and get every block verified");
+  kv_handoff->add_option("--block", handoff_block, "Block size (B, K, M)");
+  kv_handoff->add_option("--blocks", handoff_blocks, "Blocks in the chain")
+      ->check(CLI::Range(1, 4096));
+  kv_handoff->add_option("--timeout", handoff_timeout, "Seconds a decode rank waits");
+
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
   bench->require_subcommand(1);
   std::string bench_uri;
@@ -186,6 +222,18 @@ int main(int argc, char** argv) {
   if (*attach) return tools::PoolAttach(uri, slot, seconds, interval_ms);
   if (*fence) return tools::PoolFence(uri, slot, force);
   if (*doctor) return tools::Doctor(json);
+  if (*kv_stats) return tools::KvStats(uri, json);
+  if (*kv_ls) return tools::KvList(uri, kv_ns, json);
+  if (*kv_put) return tools::KvPut(uri, kv_ns, kv_key, kv_file);
+  if (*kv_get) return tools::KvGet(uri, kv_ns, kv_key, kv_file);
+  if (*kv_handoff) {
+    auto block = runtime::ParseByteSize(handoff_block, "--block");
+    if (!block.ok() || *block == 0) {
+      std::fprintf(stderr, "cxlrt kv handoff: bad --block %s\n", handoff_block.c_str());
+      return 2;
+    }
+    return tools::KvHandoff(*block, handoff_blocks, handoff_timeout);
+  }
   if (*run) return tools::Run(ranks, hosts, run_pool, timeout_s, command);
   if (*bench_alloc) return bench::RunAllocBench({alloc_uri, alloc_reps, json, alloc_sizes});
   for (const auto& [c, name] : coll_apps) {

@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "allocator/allocator.h"
 #include "allocator/size_classes.h"
+#include "kv/store.h"
 #include "nlohmann/json.hpp"
 #include "runtime/membership.h"
 #include "runtime/pool.h"
@@ -273,6 +274,7 @@ int PoolCheck(const std::string& uri, bool as_json) {
   if (pool.ok()) {
     status = (*pool)->Check(&problems);
     if (status.ok()) status = allocator::Audit(**pool, &problems);
+    if (status.ok() && kv::HasStore(**pool)) status = kv::Audit(**pool, &problems);
   } else {
     status = pool.status();
     if (status.code() != absl::StatusCode::kDataLoss) return Fail(status);
@@ -284,10 +286,11 @@ int PoolCheck(const std::string& uri, bool as_json) {
     return status.ok() ? 0 : 1;
   }
   if (status.ok()) {
-    std::printf("%s: healthy (header, %u host slots, %u directory entries%s checked)\n",
+    std::printf("%s: healthy (header, %u host slots, %u directory entries%s%s checked)\n",
                 (*pool)->name().c_str(), (*pool)->host_slots(),
                 (*pool)->header().directory_entry_count,
-                allocator::HasAllocator(**pool) ? ", allocator metadata" : "");
+                allocator::HasAllocator(**pool) ? ", allocator metadata" : "",
+                kv::HasStore(**pool) ? ", KV store" : "");
     return 0;
   }
   std::fprintf(stderr, "%s: %zu problem%s\n", uri.c_str(), problems.size(),

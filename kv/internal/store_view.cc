@@ -39,8 +39,9 @@ uint32_t BlockChecksum(const kv::ValueBlockLayout& b) {
   return ChecksumBefore(b, offsetof(kv::ValueBlockLayout, checksum));
 }
 
-absl::StatusOr<StoreHeaderLayout> PlanStore(const kv::StoreOptions& o, uint32_t pool_hosts) {
+absl::StatusOr<StoreHeaderLayout> PlanStore(kv::StoreOptions o, uint32_t pool_hosts) {
   auto bad = [](auto... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
+  if (o.hosts == 0) o.hosts = pool_hosts;
   if (o.hosts == 0 || o.hosts > pool_hosts) {
     return bad("a store for ", o.hosts, " hosts in a pool of ", pool_hosts, " host slots");
   }

@@ -32,7 +32,7 @@ uint32_t EntryChecksum(const EntryLayout& e);
 uint32_t BlockChecksum(const kv::ValueBlockLayout& b);
 
 // The tables' layout for a geometry; kInvalidArgument for a bad one.
-absl::StatusOr<StoreHeaderLayout> PlanStore(const kv::StoreOptions& o, uint32_t pool_hosts);
+absl::StatusOr<StoreHeaderLayout> PlanStore(kv::StoreOptions o, uint32_t pool_hosts);
 
 enum class Slot {
   kEmpty,      // never used: a search stops
