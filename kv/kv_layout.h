@@ -10,7 +10,9 @@
 //     PinLayout[pins_per_host]            what this host, as a reader, pins
 //
 // Values live in blocks of the pooled allocator, allocated by the entry's
-// owner: a ValueBlockLayout header, the key, then the value (64 B aligned).
+// owner: the value at the block's start (so a block is as aligned as the
+// allocator makes it, for DMA, and a 16 KiB value takes a 16 KiB block),
+// then the part of the key beyond its first 64 bytes, if any.
 // A block is private while its put runs and becomes durable in the same step
 // that seals its entry (Allocator::CommitDurable), so a writer killed
 // mid-put leaves nothing visible and its block is reclaimed with its
@@ -105,7 +107,7 @@ struct alignas(64) EntryLayout {
   uint64_t seal;
   uint64_t state;  // EntryState; FreeDurable stores kTombstone here with the free
   uint64_t gen;
-  uint64_t block;  // pool offset of the ValueBlockLayout
+  uint64_t block;  // pool offset of the value block
   uint64_t key_hash;
   uint64_t value_size;
   uint32_t ns;  // namespace id
@@ -130,25 +132,12 @@ struct PinLayout {
 };
 static_assert(sizeof(PinLayout) == 32);
 
-inline constexpr uint64_t kBlockMagic = 0x4b4c4256544c5843ull;  // "CXLTVBLK"
-
-// The head of a value block, written by the put before it seals the entry.
-struct ValueBlockLayout {
-  uint64_t magic;
-  uint64_t gen;  // = the entry's
-  uint64_t value_size;
-  uint32_t ns;
-  uint16_t key_len;
-  uint16_t pad;
-  uint8_t reserved[24];
-  uint32_t pad2;
-  uint32_t checksum;  // CRC-32C of bytes [0, offsetof(checksum))
-};
-static_assert(sizeof(ValueBlockLayout) == 64);
-
-// Where the value starts in its block.
-inline constexpr uint64_t ValueOffset(uint32_t key_len) {
-  return sizeof(ValueBlockLayout) + (uint64_t{key_len} + 63) / 64 * 64;
+// Bytes of a value block: the value, then the key's bytes past kInlineKeyBytes.
+inline constexpr uint64_t KeyTailBytes(uint32_t key_len) {
+  return key_len > kInlineKeyBytes ? key_len - kInlineKeyBytes : 0;
+}
+inline constexpr uint64_t BlockBytes(uint64_t value_size, uint32_t key_len) {
+  return value_size + KeyTailBytes(key_len);
 }
 
 }  // namespace cxlrt::kv

@@ -372,7 +372,7 @@ absl::StatusOr<std::optional<Store::Found>> Store::Search(uint32_t ns, absl::str
       if (std::memcmp(e.key, key.data(), inline_len) != 0) continue;
       if (key.size() > inline_len) {
         char rest[kMaxKeyBytes];
-        c_.Fetch(rest, e.block + sizeof(ValueBlockLayout) + inline_len, key.size() - inline_len);
+        c_.Fetch(rest, e.block + e.value_size, key.size() - inline_len);
         if (std::memcmp(rest, key.data() + inline_len, key.size() - inline_len) != 0) continue;
       }
       f.partition = p;
@@ -463,7 +463,7 @@ absl::Status Store::PutOne(uint32_t ns, absl::string_view ns_name, absl::string_
 
   const StoreHeaderLayout& h = view_->h();
   const uint32_t mask = h.entries_per_host - 1;
-  const uint64_t block_bytes = ValueOffset(static_cast<uint32_t>(key.size())) + size;
+  const uint64_t block_bytes = BlockBytes(size, static_cast<uint32_t>(key.size()));
   uint32_t index = 0;
   PoolOffset block = 0;
   uint64_t gen = 0;
@@ -554,17 +554,10 @@ absl::Status Store::PutOne(uint32_t ns, absl::string_view ns_name, absl::string_
     WriteEntry(index, e);  // unsealed: invisible, and dropped by recovery
   }
   // The copy runs without the lock: other threads put and get meanwhile.
-  ValueBlockLayout bh = {};
-  bh.magic = kBlockMagic;
-  bh.gen = gen;
-  bh.value_size = size;
-  bh.ns = ns;
-  bh.key_len = static_cast<uint16_t>(key.size());
-  bh.checksum = kv_internal::BlockChecksum(bh);
-  c_.Write(block, &bh, sizeof(bh));
-  c_.Write(block + sizeof(bh), key.data(), key.size());
-  c_.Flush(block, sizeof(bh) + key.size());
-  c_.CopyToPool(block + ValueOffset(static_cast<uint32_t>(key.size())), data, size);
+  c_.CopyToPool(block, data, size);
+  if (key.size() > kInlineKeyBytes) {
+    c_.Publish(block + size, key.data() + kInlineKeyBytes, key.size() - kInlineKeyBytes);
+  }
   CXLRT_FAULT_POINT("kv.put.copied");
   // The commit point: the block turns durable and the seal is stored, as
   // one step across crashes.
@@ -662,20 +655,11 @@ absl::StatusOr<size_t> Store::GetOne(uint32_t ns, absl::string_view key, void* d
                                                      e.value_size, " bytes; the destination holds ",
                                                      capacity));
     }
-    const auto bh = c_.FetchObject<ValueBlockLayout>(e.block);
-    const bool block_ok = bh.magic == kBlockMagic && bh.gen == e.gen &&
-                          bh.value_size == e.value_size &&
-                          bh.checksum == kv_internal::BlockChecksum(bh);
-    if (block_ok) c_.CopyFromPool(dst, e.block + ValueOffset(e.key_len), e.value_size);
+    c_.CopyFromPool(dst, e.block, e.value_size);
     // Loads of the value before the seal's: x86 keeps loads in order; the
     // fence keeps the compiler from moving them.
     std::atomic_thread_fence(std::memory_order_acquire);
     if (!SealIs(found->partition, found->index, e.gen)) continue;  // evicted meanwhile
-    if (!block_ok) {
-      return absl::DataLossError(absl::StrCat("the value block at 0x", absl::Hex(e.block),
-                                              " of a sealed KV entry (host ", found->partition,
-                                              ", slot ", found->index, ") is corrupt"));
-    }
     count(hits_.get());
     if (found->partition == me_) {
       std::lock_guard<std::mutex> lock(mu_);

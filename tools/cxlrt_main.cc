@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "bench/alloc_bench.h"
 #include "bench/coll_bench.h"
+#include "bench/kv_bench.h"
 #include "bench/pool_bench.h"
 #include "runtime/config.h"
 #include "runtime/log.h"
@@ -153,6 +154,24 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 30));
   bench_alloc->add_flag("--json", json, "Machine-readable output");
 
+  bench::KvBenchOptions kvb;
+  std::vector<std::string> kv_blocks;
+  std::string kv_ws = "256M";
+  CLI::App* bench_kv = bench->add_subcommand(
+      "kv",
+      "KV-cache store: put and get GB/s and ops/s per block size (one at a time and batched; host "
+      "0 puts, the others get), Lookup latency for 1 and 64 keys, beside this machine's memcpy. "
+      "Makes its own pool");
+  bench_kv->add_option("--block", kv_blocks, "Block sizes (default 16K,256K,2M)")->delimiter(',');
+  bench_kv->add_option("--hosts", kvb.hosts, "Emulated hosts (1 writer, the rest read)")
+      ->check(CLI::Range(1, 8));
+  bench_kv->add_option("--reps", kvb.reps, "Repetitions (medians)")->check(CLI::Range(1, 100));
+  bench_kv->add_option("--working-set", kv_ws, "Bytes put per size and repetition");
+  bench_kv->add_option("--batch", kvb.batch, "Items per BatchPut / BatchGet")
+      ->check(CLI::Range(1, 4096));
+  bench_kv->add_option("--pool", kvb.uri, "URI of a pool to create (default emu://bench-kv-PID)");
+  bench_kv->add_flag("--json", json, "Machine-readable output");
+
   // One subcommand per collective, nccl-tests' flags.
   bench::CollBenchOptions coll;
   std::string coll_min = "8", coll_max = "64M";
@@ -235,6 +254,24 @@ int main(int argc, char** argv) {
     return tools::KvHandoff(*block, handoff_blocks, handoff_timeout);
   }
   if (*run) return tools::Run(ranks, hosts, run_pool, timeout_s, command);
+  if (*bench_kv) {
+    for (const std::string& b : kv_blocks) {
+      auto v = runtime::ParseByteSize(b, "--block");
+      if (!v.ok() || *v == 0) {
+        std::fprintf(stderr, "cxlrt bench kv: bad block size '%s'\n", b.c_str());
+        return 2;
+      }
+      kvb.blocks.push_back(*v);
+    }
+    auto ws = runtime::ParseByteSize(kv_ws, "--working-set");
+    if (!ws.ok()) {
+      std::fprintf(stderr, "cxlrt bench kv: %s\n", std::string(ws.status().message()).c_str());
+      return 2;
+    }
+    kvb.working_set = *ws;
+    kvb.json = json;
+    return bench::RunKvBench(kvb);
+  }
   if (*bench_alloc) return bench::RunAllocBench({alloc_uri, alloc_reps, json, alloc_sizes});
   for (const auto& [c, name] : coll_apps) {
     if (!*c) continue;

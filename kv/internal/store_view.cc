@@ -35,9 +35,6 @@ uint32_t EntryChecksum(const EntryLayout& e) {
       p + offsetof(EntryLayout, gen), offsetof(EntryLayout, checksum) - offsetof(EntryLayout, gen));
   return runtime::Crc32c(e.key, sizeof(e.key), crc);
 }
-uint32_t BlockChecksum(const kv::ValueBlockLayout& b) {
-  return ChecksumBefore(b, offsetof(kv::ValueBlockLayout, checksum));
-}
 
 absl::StatusOr<StoreHeaderLayout> PlanStore(kv::StoreOptions o, uint32_t pool_hosts) {
   auto bad = [](auto... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
@@ -132,7 +129,7 @@ Slot StoreView::ReadEntry(uint32_t p, uint32_t i, EntryLayout* e) const {
     const uint64_t heap = pool_.header().heap_offset;
     if (e->key_len == 0 || e->key_len > kv::kMaxKeyBytes || e->ns >= h_.max_namespaces ||
         e->block < heap || e->block >= size || e->value_size > size ||
-        kv::ValueOffset(e->key_len) + e->value_size > size - e->block) {
+        kv::BlockBytes(e->value_size, e->key_len) > size - e->block) {
       return Slot::kCorrupt;
     }
     return evicting ? Slot::kEvicting : Slot::kVisible;
@@ -221,7 +218,7 @@ absl::StatusOr<std::vector<kv::EntryInfo>> StoreView::List(
       const uint32_t inline_len = std::min<uint32_t>(e.key_len, kv::kInlineKeyBytes);
       std::memcpy(info.key.data(), e.key, inline_len);
       if (e.key_len > inline_len) {
-        c().Fetch(info.key.data() + inline_len, e.block + sizeof(kv::ValueBlockLayout) + inline_len,
+        c().Fetch(info.key.data() + inline_len, e.block + e.value_size,
                   e.key_len - inline_len);
       }
       info.value_size = e.value_size;
@@ -262,17 +259,6 @@ void StoreView::Audit(std::vector<std::string>* problems) const {
       if (!fresh) {
         problem(where, "shares block 0x", absl::Hex(e.block), " with entry ", it->second.second,
                 " of host ", it->second.first);
-      }
-      const auto bh = c().FetchObject<kv::ValueBlockLayout>(e.block);
-      if (bh.magic != kv::kBlockMagic || bh.checksum != BlockChecksum(bh) || bh.gen != e.gen ||
-          bh.ns != e.ns || bh.key_len != e.key_len || bh.value_size != e.value_size) {
-        problem(where, "its value block at 0x", absl::Hex(e.block), " does not describe it");
-      } else if (e.key_len > kv::kInlineKeyBytes) {
-        uint8_t head[kv::kInlineKeyBytes];
-        c().Fetch(head, e.block + sizeof(bh), sizeof(head));
-        if (std::memcmp(head, e.key, sizeof(head)) != 0) {
-          problem(where, "its inline key differs from its block's");
-        }
       }
       ++entries[e.ns];
       bytes[e.ns] += e.value_size;

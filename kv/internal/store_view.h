@@ -29,7 +29,6 @@ using runtime::PoolOffset;
 uint32_t HeaderChecksum(const StoreHeaderLayout& h);
 uint32_t NamespaceChecksum(const NamespaceLayout& n);
 uint32_t EntryChecksum(const EntryLayout& e);
-uint32_t BlockChecksum(const kv::ValueBlockLayout& b);
 
 // The tables' layout for a geometry; kInvalidArgument for a bad one.
 absl::StatusOr<StoreHeaderLayout> PlanStore(kv::StoreOptions o, uint32_t pool_hosts);
