@@ -238,8 +238,11 @@ absl::Status Allocator::ChangeWithWord(RedoKind kind, PoolOffset block, PoolOffs
   }
   arena_->WriteRedo(kind, block, word, value);
   CXLRT_FAULT_POINT("alloc.redo.written");
+  // (FreeDurable skips Free's search of the region directory for a name:
+  // its caller vouches the block is not named, and a scan per free would
+  // cost more than the free.)
   absl::Status st = kind == RedoKind::kMakeDurable ? arena_->MakeDurable(block, pool_lock_)
-                                                   : arena_->Free(block, false, pool_lock_);
+                                                   : arena_->Free(block, true, pool_lock_);
   if (!st.ok()) {
     arena_->WriteRedo(RedoKind::kNone);
     return st;

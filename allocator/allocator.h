@@ -164,8 +164,9 @@ class Allocator {
   //
   // CommitDurable: the private block at `block`, allocated by this host and
   // held by the caller, becomes durable, then `value` is published at `word`.
-  // FreeDurable: the durable, unnamed block at `block` of this host is freed,
-  // then `value` is published at `word`.
+  // FreeDurable: the durable block at `block` of this host is freed, then
+  // `value` is published at `word`. REQUIRES: the block is not published by
+  // name (FreeNamed frees those; this call does not search the directory).
   // kInvalidArgument: not a block of this host, or `word` not an 8-byte
   // aligned word of the pool; kFailedPrecondition: the block is not in the
   // state the call needs (nothing changed then); kAborted when fenced.

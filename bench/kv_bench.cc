@@ -25,8 +25,7 @@ namespace {
 using runtime::FormatBytes;
 
 double NowS() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 // One emulated host: its own mapping of the pool, membership, allocator, store.
@@ -85,7 +84,8 @@ int RunKvBench(const KvBenchOptions& o) {
   uint32_t entries = 1024;
   while (entries < 2 * max_items + 256) entries *= 2;
   // Room for the working set twice over (the store, allocator rounding).
-  const uint64_t pool_bytes = std::max<uint64_t>(1ull << 30, (2 * ws + (256ull << 20) + (2 << 20) - 1) / (2 << 20) * (2 << 20));
+  const uint64_t pool_bytes = std::max<uint64_t>(
+      1ull << 30, (2 * ws + (256ull << 20) + (2 << 20) - 1) / (2 << 20) * (2 << 20));
   const std::string uri =
       o.uri.empty() ? absl::StrCat("emu://bench-kv-", getpid(), "?hosts=8") : o.uri;
   auto scratch = ScratchPool::Create(uri, pool_bytes);
@@ -203,10 +203,10 @@ int RunKvBench(const KvBenchOptions& o) {
         (batched ? bget_o : get_o).push_back(readers * n / get_s);
       }
     }
-    rows.push_back({b, "put", Summarize(put_g), Summarize(put_o), Summarize(bput_g),
-                    Summarize(bput_o)});
-    rows.push_back({b, "get", Summarize(get_g), Summarize(get_o), Summarize(bget_g),
-                    Summarize(bget_o)});
+    rows.push_back(
+        {b, "put", Summarize(put_g), Summarize(put_o), Summarize(bput_g), Summarize(bput_o)});
+    rows.push_back(
+        {b, "get", Summarize(get_g), Summarize(get_o), Summarize(bget_g), Summarize(bget_o)});
   }
 
   // Lookup latency: keys put by the writer, looked up by a reader (pins

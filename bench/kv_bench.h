@@ -12,7 +12,7 @@
 namespace cxlrt::bench {
 
 struct KvBenchOptions {
-  std::string uri;              // a pool that does not exist yet; "": emu://bench-kv-PID
+  std::string uri;               // a pool that does not exist yet; "": emu://bench-kv-PID
   std::vector<uint64_t> blocks;  // block sizes; empty: 16 KiB, 256 KiB, 2 MiB
   int hosts = 2;                 // 1 writer, hosts-1 readers (1: the writer reads too)
   int reps = 5;

@@ -655,7 +655,7 @@ absl::StatusOr<size_t> Store::GetOne(uint32_t ns, absl::string_view key, void* d
                                                      e.value_size, " bytes; the destination holds ",
                                                      capacity));
     }
-    c_.CopyFromPool(dst, e.block, e.value_size);
+    c_.CopyFromPoolStreaming(dst, e.block, e.value_size);
     // Loads of the value before the seal's: x86 keeps loads in order; the
     // fence keeps the compiler from moving them.
     std::atomic_thread_fence(std::memory_order_acquire);

@@ -84,6 +84,14 @@ class HardwareCoherence final : public Coherence {
     std::atomic_thread_fence(std::memory_order_acquire);
     CopyBytes(dst, At(src), n);
   }
+  void DoCopyFromPoolStreaming(void* dst, PoolOffset src, size_t n) override {
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (n >= kNonTemporalMin) {
+      NonTemporalCopy(dst, At(src), n);
+    } else {
+      CopyBytes(dst, At(src), n);
+    }
+  }
 };
 
 // Non-coherent CXL (2.0 multi-host, HDM-H): every publish writes lines back
@@ -130,6 +138,14 @@ class SoftwareCoherence final : public Coherence {
   void DoCopyFromPool(void* dst, PoolOffset src, size_t n) override {
     DoInvalidate(src, n);
     CopyBytes(dst, At(src), n);
+  }
+  void DoCopyFromPoolStreaming(void* dst, PoolOffset src, size_t n) override {
+    DoInvalidate(src, n);
+    if (n >= kNonTemporalMin) {
+      NonTemporalCopy(dst, At(src), n);
+    } else {
+      CopyBytes(dst, At(src), n);
+    }
   }
 
  private:

@@ -139,6 +139,16 @@ class Coherence {
     Read(dst, src, n);
   }
 
+  // CopyFromPool with non-temporal stores into `dst` for large copies: the
+  // bytes go to memory, not into this core's cache (no read-for-ownership
+  // of `dst`). For data the caller hands on rather than reads at once, such
+  // as a KV block bound for a GPU.
+  void CopyFromPoolStreaming(void* dst, PoolOffset src, size_t n) {
+    const int64_t t = Start(src, n);
+    DoCopyFromPoolStreaming(dst, src, n);
+    Charge(src, n, true, t);
+  }
+
   // Bulk reads in place (a reduction over other hosts' published bytes,
   // with no copy out first): returns this host's address of [src, src+n)
   // after dropping its cached copy, so loads through it see what was
@@ -194,6 +204,9 @@ class Coherence {
   virtual uint64_t DoLoadFlag(PoolOffset flag) = 0;
   virtual void DoCopyToPool(PoolOffset dst, const void* src, size_t n) = 0;
   virtual void DoCopyFromPool(void* dst, PoolOffset src, size_t n) = 0;
+  virtual void DoCopyFromPoolStreaming(void* dst, PoolOffset src, size_t n) {
+    DoCopyFromPool(dst, src, n);
+  }
 
   // True when this domain may do RMW anywhere (hardware).
   virtual bool RmwAllowedEverywhere() const { return false; }
