@@ -179,7 +179,13 @@ int KvGet(const std::string& uri, const std::string& ns, const std::string& key,
   auto h = OpenKvHost(uri, /*create=*/false);
   if (!h.ok()) return Fail(h.status());
   auto size = h->store->ValueSize(ns, key);
-  if (!size.ok()) return Fail(size.status());
+  if (!size.ok()) {
+    // A get of a missing key: Get says so (and counts the miss).
+    if (size.status().code() == absl::StatusCode::kNotFound) {
+      return Fail(h->store->Get(ns, key, nullptr, 0).status());
+    }
+    return Fail(size.status());
+  }
   std::vector<char> data(*size);
   auto n = h->store->Get(ns, key, data.data(), data.size());
   if (!n.ok()) return Fail(n.status());

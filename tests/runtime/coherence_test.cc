@@ -82,6 +82,9 @@ TEST_P(CoherenceTest, BulkCopiesRoundTripAtEverySize) {
     c.CopyToPool(heap_ + 64 + 5, data.data(), n);
     c.CopyFromPool(back.data(), heap_ + 64 + 5, n);
     EXPECT_EQ(std::memcmp(back.data(), data.data(), n), 0) << n;
+    std::vector<uint8_t> streamed(n + 3, 0);
+    c.CopyFromPoolStreaming(streamed.data() + 3, heap_ + 64 + 5, n);  // unaligned destination
+    EXPECT_EQ(std::memcmp(streamed.data() + 3, data.data(), n), 0) << n;
   }
 }
 

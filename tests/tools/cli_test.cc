@@ -4,6 +4,8 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <set>
 #include <sstream>
 #include <string>
@@ -254,6 +256,82 @@ TEST(CliTest, BenchAllocComparesWithGlibcAndMeasuresCrossHostFrees) {
     EXPECT_GT(row["cxlrt_two_hosts_pairs_per_s"].get<double>(), 0) << row;
     EXPECT_GT(row["cxlrt_cross_host_frees_per_s"].get<double>(), 0) << row;
     EXPECT_GT(row["cxlrt_remote_frees_per_s"].get<double>(), 0) << row;
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "the benchmark left its pool behind";
+}
+
+TEST(CliTest, KvCommandsPutGetListStatsAndCheckTheStore) {
+  TempDir dir;
+  const std::string create = PoolUri(dir, "", "64M");
+  ASSERT_EQ(Cxlrt("pool create " + Quote(create)).code, 0);
+  const std::string uri = OpenUri(create);
+  Result none = Cxlrt("kv stats " + Quote(uri));
+  EXPECT_EQ(none.code, 1);
+  EXPECT_NE(none.out.find("has no KV store"), std::string::npos) << none.out;
+  const std::string in = dir.path() + "/block.bin", out = dir.path() + "/back.bin";
+  {
+    std::ofstream f(in, std::ios::binary);
+    for (int i = 0; i < 100000; ++i) f.put(static_cast<char>(i * 7));
+  }
+  Result put = Cxlrt("kv put model/bf16 prefix-0 " + Quote(in) + " --pool " + Quote(uri));
+  ASSERT_EQ(put.code, 0) << put.out;
+  EXPECT_NE(put.out.find("100000 bytes"), std::string::npos) << put.out;
+  Result again = Cxlrt("kv put model/bf16 prefix-0 " + Quote(in) + " --pool " + Quote(uri));
+  EXPECT_EQ(again.code, 1);
+  EXPECT_NE(again.out.find("already in the store"), std::string::npos) << again.out;
+  Result get = Cxlrt("kv get model/bf16 prefix-0 -o " + Quote(out) + " --pool " + Quote(uri));
+  ASSERT_EQ(get.code, 0) << get.out;
+  std::ifstream a(in, std::ios::binary), b(out, std::ios::binary);
+  EXPECT_TRUE(std::equal(std::istreambuf_iterator<char>(a), {}, std::istreambuf_iterator<char>(b)))
+      << "the bytes got differ from the bytes put";
+  Result missing = Cxlrt("kv get model/bf16 nope --pool " + Quote(uri));
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_NE(missing.out.find("not in the store"), std::string::npos) << missing.out;
+  Result ls = CxlrtStdout("kv ls --json " + Quote(uri));
+  ASSERT_EQ(ls.code, 0) << ls.out;
+  auto entries = nlohmann::json::parse(ls.out);
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_EQ(entries[0]["key"], "prefix-0");
+  EXPECT_EQ(entries[0]["size"], 100000);
+  Result stats = CxlrtStdout("kv stats --json " + Quote(uri));
+  ASSERT_EQ(stats.code, 0) << stats.out;
+  auto st = nlohmann::json::parse(stats.out);
+  ASSERT_EQ(st["namespaces"].size(), 1u);
+  EXPECT_EQ(st["namespaces"][0]["name"], "model/bf16");
+  EXPECT_EQ(st["namespaces"][0]["entries"], 1);
+  EXPECT_EQ(st["namespaces"][0]["put_exists"], 1);
+  EXPECT_EQ(st["namespaces"][0]["hits"], 1);
+  EXPECT_EQ(st["namespaces"][0]["misses"], 1);
+  Result check = Cxlrt("pool check " + Quote(uri));
+  EXPECT_EQ(check.code, 0) << check.out;
+  EXPECT_NE(check.out.find("KV store"), std::string::npos) << check.out;
+  // The demo: a prefill host hands a chain of blocks to two decode hosts.
+  Result handoff = Cxlrt("run -n 3 --pool " + Quote(uri) + " -- " + CXLRT_BIN +
+                         " kv handoff --blocks 4 --block 64K");
+  EXPECT_EQ(handoff.code, 0) << handoff.out;
+  size_t verified = 0;
+  for (size_t p = 0; (p = handoff.out.find("verified byte for byte", p)) != std::string::npos;
+       ++p) {
+    ++verified;
+  }
+  EXPECT_EQ(verified, 2u) << handoff.out;
+}
+
+TEST(CliTest, BenchKvPrintsThroughputAndLookupLatencyWithNothingWrong) {
+  TempDir dir;
+  const std::string uri = PoolUri(dir, "hosts=8", "256M");
+  auto r = CxlrtStdout("bench kv --json --reps 1 --block 16K,300K --working-set 8M --pool " +
+                       Quote(uri));
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_GT(j["memcpy_gbps"].get<double>(), 0);
+  EXPECT_EQ(j["wrong"], 0);
+  EXPECT_GT(j["lookup_1_ns"].get<double>(), 0);
+  EXPECT_GT(j["lookup_64_ns"].get<double>(), j["lookup_1_ns"].get<double>());
+  ASSERT_EQ(j["rows"].size(), 4u);
+  for (const auto& row : j["rows"]) {
+    EXPECT_GT(row["gbps"].get<double>(), 0) << row;
+    EXPECT_GT(row["batch_ops"].get<double>(), 0) << row;
   }
   EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "the benchmark left its pool behind";
 }
