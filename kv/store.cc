@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "kv/internal/eviction.h"
 #include "kv/internal/store_view.h"
+#include "kv/internal/workers.h"
 #include "runtime/fault.h"
 #include "runtime/log.h"
 #include "runtime/status_macros.h"
@@ -28,6 +29,8 @@ constexpr int kCounterBits = 40;
 constexpr uint64_t kStateTombstone = static_cast<uint64_t>(EntryState::kTombstone);
 // Gets and lookups publish the reader counters every this many reads.
 constexpr uint64_t kPublishEvery = 64;
+// Batches of at least this many bytes are copied on several threads.
+constexpr uint64_t kParallelMinBytes = 1 << 20;
 
 uint64_t Mix(uint64_t h) {
   h ^= h >> 33;
@@ -101,7 +104,8 @@ Store::Store(allocator::Allocator& alloc, const StoreOptions& options)
       c_(alloc.pool().coherence()),
       membership_(alloc.membership()),
       options_(options),
-      me_(alloc.slot()) {}
+      me_(alloc.slot()),
+      workers_(std::make_unique<kv_internal::Workers>(options.copy_threads)) {}
 
 Store::~Store() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -123,6 +127,10 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(allocator::Allocator& alloc,
                                                    const StoreOptions& options) {
   if (options.pin_lease <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("pin_lease must be positive");
+  }
+  if (options.copy_threads < 1 || options.copy_threads > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("copy_threads ", options.copy_threads, " is not in [1, 64]"));
   }
   std::unique_ptr<Store> s(new Store(alloc, options));
   CXLRT_RETURN_IF_ERROR(s->Init());
@@ -423,18 +431,28 @@ absl::Status Store::Put(absl::string_view ns, absl::string_view key, const void*
 }
 
 std::vector<absl::Status> Store::BatchPut(absl::string_view ns, absl::Span<const PutItem> items) {
-  std::vector<absl::Status> out;
-  out.reserve(items.size());
+  std::vector<absl::Status> out(items.size());
   auto id = NamespaceId(ns, true);
-  for (const PutItem& it : items) {
+  uint64_t bytes = 0;
+  for (const PutItem& it : items) bytes += it.size;
+  ForEachItem(items.size(), bytes, [&](size_t i) {
+    const PutItem& it = items[i];
     if (!id.ok()) {
-      out.push_back(id.status());
-      continue;
+      out[i] = id.status();
+      return;
     }
     absl::Status st = CheckName("key", it.key, kMaxKeyBytes);
-    out.push_back(st.ok() ? PutOne(*id, ns, it.key, it.data, it.size) : st);
-  }
+    out[i] = st.ok() ? PutOne(*id, ns, it.key, it.data, it.size) : st;
+  });
   return out;
+}
+
+void Store::ForEachItem(size_t n, uint64_t bytes, const std::function<void(size_t)>& fn) {
+  if (bytes >= kParallelMinBytes && n > 1) {
+    workers_->Run(n, fn);
+  } else {
+    for (size_t i = 0; i < n; ++i) fn(i);
+  }
 }
 
 absl::Status Store::PutOne(uint32_t ns, absl::string_view ns_name, absl::string_view key,
@@ -597,21 +615,19 @@ absl::StatusOr<size_t> Store::Get(absl::string_view ns, absl::string_view key, v
 
 std::vector<absl::StatusOr<size_t>> Store::BatchGet(absl::string_view ns,
                                                     absl::Span<const GetItem> items) {
-  std::vector<absl::StatusOr<size_t>> out;
-  out.reserve(items.size());
+  std::vector<absl::StatusOr<size_t>> out(items.size(), absl::UnknownError("not run"));
   auto id = NamespaceId(ns, false);
-  for (const GetItem& it : items) {
+  uint64_t bytes = 0;
+  for (const GetItem& it : items) bytes += it.capacity;
+  ForEachItem(items.size(), bytes, [&](size_t i) {
+    const GetItem& it = items[i];
     if (!id.ok()) {
-      out.push_back(id.status());
-      continue;
+      out[i] = id.status();
+      return;
     }
     absl::Status st = CheckName("key", it.key, kMaxKeyBytes);
-    if (!st.ok()) {
-      out.push_back(st);
-      continue;
-    }
-    out.push_back(GetOne(*id, it.key, it.dst, it.capacity));
-  }
+    out[i] = st.ok() ? GetOne(*id, it.key, it.dst, it.capacity) : absl::StatusOr<size_t>(st);
+  });
   return out;
 }
 

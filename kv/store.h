@@ -22,6 +22,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -40,6 +41,7 @@
 namespace cxlrt::kv_internal {
 class EvictionOrder;
 class StoreView;
+class Workers;
 }  // namespace cxlrt::kv_internal
 
 namespace cxlrt::kv {
@@ -64,6 +66,9 @@ struct StoreOptions {
   // How long a pin lasts unless released (measured in the pinning host's
   // heartbeats, so no clocks are compared across hosts).
   absl::Duration pin_lease = absl::Seconds(30);
+  // Threads that copy the items of a BatchPut / BatchGet of 1 MiB or more,
+  // the calling thread included (1: the caller alone).
+  int copy_threads = 2;
 };
 
 // Pins taken by Lookup, released by Release (or by destroying the Store).
@@ -141,6 +146,7 @@ class Store {
   // kResourceExhausted: no room after evicting what this host may evict.
   absl::Status Put(absl::string_view ns, absl::string_view key, const void* data, size_t size);
   // Put of each item; one status per item.
+  // Items of a batch of 1 MiB or more are put on `copy_threads` threads.
   std::vector<absl::Status> BatchPut(absl::string_view ns, absl::Span<const PutItem> items);
 
   // Copies the value of (ns, key) into dst and returns its size. kNotFound;
@@ -251,6 +257,10 @@ class Store {
 
   // Partitions [0, partitions_seen_) have been used by some host.
   std::atomic<uint32_t> partitions_seen_{0};
+
+  // Runs fn(i), i in [0, n), on several threads when the batch is large.
+  void ForEachItem(size_t n, uint64_t bytes, const std::function<void(size_t)>& fn);
+  std::unique_ptr<kv_internal::Workers> workers_;
 };
 
 // --- Reading a store without being a host of the pool (tools). ---

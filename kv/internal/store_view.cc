@@ -218,8 +218,7 @@ absl::StatusOr<std::vector<kv::EntryInfo>> StoreView::List(
       const uint32_t inline_len = std::min<uint32_t>(e.key_len, kv::kInlineKeyBytes);
       std::memcpy(info.key.data(), e.key, inline_len);
       if (e.key_len > inline_len) {
-        c().Fetch(info.key.data() + inline_len, e.block + e.value_size,
-                  e.key_len - inline_len);
+        c().Fetch(info.key.data() + inline_len, e.block + e.value_size, e.key_len - inline_len);
       }
       info.value_size = e.value_size;
       info.owner = p;

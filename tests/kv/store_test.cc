@@ -158,6 +158,46 @@ TEST_P(StoreTest, TheFirstWriterWinsAndASecondPutChangesNothing) {
   EXPECT_EQ(st->namespaces[0].put_exists, 2u) << "a refusal is counted by the host refused";
 }
 
+TEST_P(StoreTest, BatchesOfLargeValuesArePutAndGotOnSeveralThreadsExactly) {
+  constexpr size_t kSize = 128 << 10;  // 24 x 128 KiB: above the parallel threshold
+  std::vector<std::string> keys;
+  std::vector<std::vector<uint8_t>> values;
+  for (int i = 0; i < 24; ++i) {
+    keys.push_back(absl::StrCat("batch-", i));
+    values.push_back(Value(keys.back(), kSize));
+  }
+  keys.push_back("batch-3");  // a duplicate within the batch: one of the two wins
+  values.push_back(Value("other", kSize));
+  keys.push_back("");  // a bad key fails alone
+  values.push_back(Value("x", 10));
+  std::vector<PutItem> puts;
+  for (size_t i = 0; i < keys.size(); ++i)
+    puts.push_back({keys[i], values[i].data(), values[i].size()});
+  auto put = a_.store->BatchPut("batch", puts);
+  ASSERT_EQ(put.size(), keys.size());
+  int exists = 0;
+  for (size_t i = 0; i < 24; ++i) exists += put[i].code() == absl::StatusCode::kAlreadyExists;
+  exists += put[24].code() == absl::StatusCode::kAlreadyExists;
+  EXPECT_EQ(exists, 1) << "exactly one of the two puts of batch-3 is refused";
+  EXPECT_EQ(put[25].code(), absl::StatusCode::kInvalidArgument);
+  std::vector<std::vector<uint8_t>> got(24, std::vector<uint8_t>(kSize));
+  std::vector<GetItem> gets;
+  for (size_t i = 0; i < 24; ++i) gets.push_back({keys[i], got[i].data(), got[i].size()});
+  gets.push_back({"missing", got[0].data(), 0});
+  auto res = b_.store->BatchGet("batch", gets);
+  ASSERT_EQ(res.size(), 25u);
+  for (size_t i = 0; i < 24; ++i) {
+    ASSERT_TRUE(res[i].ok()) << res[i].status();
+    if (i == 3 && put[3].code() == absl::StatusCode::kAlreadyExists) {
+      EXPECT_EQ(got[i], values[24]);
+    } else {
+      EXPECT_EQ(got[i], values[i]) << keys[i];
+    }
+  }
+  EXPECT_EQ(res[24].status().code(), absl::StatusCode::kNotFound);
+  ExpectAuditClean(*a_.pool);
+}
+
 TEST_P(StoreTest, NamespacesNeverSeeEachOthersEntries) {
   CXLRT_ASSERT_OK(a_.store->Put("tenant-a", "prefix0", Value("a", 100).data(), 100));
   CXLRT_ASSERT_OK(b_.store->Put("tenant-b", "prefix0", Value("b", 200).data(), 200));
