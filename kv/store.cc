@@ -325,8 +325,11 @@ absl::StatusOr<uint32_t> Store::NamespaceId(absl::string_view ns, bool create) {
 }
 
 uint64_t Store::QuotaOf(uint32_t ns) {
-  auto rec = view_->ReadNamespace(ns);
-  return rec.ok() && *rec ? (*rec)->quota : 0;
+  // One aligned 8-byte field: read alone, it cannot be torn (the record's
+  // CRC was checked when the namespace was first read).
+  uint64_t quota = 0;
+  c_.Fetch(&quota, view_->NsOff(ns) + offsetof(NamespaceLayout, quota), 8);
+  return quota;
 }
 
 absl::Status Store::SetQuota(absl::string_view ns, uint64_t bytes) {
