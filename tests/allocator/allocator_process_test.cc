@@ -95,6 +95,19 @@ uint64_t BytesInUse(const Pool& pool) {
   return total;
 }
 
+// Runs `survivor`'s recovery until it recovers some host or `timeout`
+// passes; returns the slots recovered (empty on timeout or error).
+std::vector<uint32_t> RecoverWithin(Host& survivor, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    auto r = survivor.alloc->RecoverDeadHosts();
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok() || !r->empty()) return r.value_or(std::vector<uint32_t>{});
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return {};
+}
+
 class AllocatorProcessTest : public ::testing::TestWithParam<CoherenceDomain> {};
 
 // Mailbox of host i: line 0 count (written by i), line 2 "consumed"
@@ -213,15 +226,7 @@ TEST_P(CrashTest, AHostKilledAtThisStepLosesNothingForTheOthers) {
   munmap(shared, 4096);
 
   // The survivor fences the victim once its lease runs out and recovers it.
-  std::vector<uint32_t> recovered;
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (recovered.empty() && absl::Now() < deadline) {
-    auto r = survivor->alloc->RecoverDeadHosts();
-    ASSERT_TRUE(r.ok()) << r.status();
-    recovered = *r;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  ASSERT_EQ(recovered, std::vector<uint32_t>{victim_slot});
+  ASSERT_EQ(RecoverWithin(*survivor, absl::Seconds(10)), std::vector<uint32_t>{victim_slot});
   ExpectAuditClean(*survivor->pool);
   // Its named block stays, bytes intact; its private blocks are gone.
   auto kept = survivor->alloc->Find("victim/kept");
@@ -325,15 +330,7 @@ TEST_P(RedoCrashTest, RecoveryFinishesTheStepTheHostDiedIn) {
   const PoolOffset block = shared[1];
   munmap(shared, 4096);
 
-  std::vector<uint32_t> recovered;
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (recovered.empty() && absl::Now() < deadline) {
-    auto r = survivor->alloc->RecoverDeadHosts();
-    ASSERT_TRUE(r.ok()) << r.status();
-    recovered = *r;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  ASSERT_EQ(recovered, std::vector<uint32_t>{victim_slot});
+  ASSERT_EQ(RecoverWithin(*survivor, absl::Seconds(10)), std::vector<uint32_t>{victim_slot});
   ExpectAuditClean(*survivor->pool);
   auto words = survivor->alloc->Find("victim/words");
   ASSERT_TRUE(words.ok()) << words.status();
