@@ -95,7 +95,7 @@ class StoreTest : public ::testing::TestWithParam<CoherenceDomain> {
  protected:
   void SetUp() override {
     create_ =
-        PoolUri(dir_, absl::StrCat("coherence=", runtime::CoherenceDomainName(GetParam())), "64M");
+        PoolUri(dir_, absl::StrCat("coherence=", runtime::CoherenceDomainName(GetParam())), "160M");
     a_ = OpenHost(create_, true);
     ASSERT_NE(a_.store, nullptr);
     b_ = OpenHost(OpenUri(create_), false);
@@ -350,10 +350,10 @@ TEST_P(StoreTest, AQuotaEvictsTheNamespacesOldestEntriesOfTheWriter) {
 }
 
 TEST_P(StoreTest, AFullPoolEvictsTheWritersOwnEntriesAndKeepsPinnedOnes) {
-  // 64 MiB pool: 1 MiB values, far more than fit.
+  // 160 MiB pool: 1 MiB values, far more than fit.
   const size_t n = 1 << 20;
   PinSet pins;
-  for (int i = 0; i < 120; ++i) {
+  for (int i = 0; i < 250; ++i) {
     const std::string key = absl::StrCat("blk", i);
     SCOPED_TRACE(i);
     CXLRT_ASSERT_OK(a_.store->Put("full", key, Value(key, n).data(), n));
@@ -363,14 +363,46 @@ TEST_P(StoreTest, AFullPoolEvictsTheWritersOwnEntriesAndKeepsPinnedOnes) {
       ASSERT_EQ(*got, 1u);
     }
   }
-  ExpectGet(b_, "full", "blk119", Value("blk119", n));
+  ExpectGet(b_, "full", "blk249", Value("blk249", n));
   ExpectGet(b_, "full", "blk0", Value("blk0", n));  // pinned: never evicted
   EXPECT_EQ(b_.store->Contains("full", "blk1").value_or(true), false);
   auto stats = ReadStats(*a_.pool);
   ASSERT_TRUE(stats.ok());
   ASSERT_EQ(stats->namespaces.size(), 1u);
-  EXPECT_GT(stats->namespaces[0].evictions, 60u);
+  EXPECT_GT(stats->namespaces[0].evictions, 100u);
   b_.store->Release(pins);
+  ExpectAuditClean(*a_.pool);
+}
+
+TEST_P(StoreTest, S3FifoKeepsEntriesReadAgainAndEvictsOneHitWonders) {
+  // A third host with S3-FIFO: a quota forces evictions among its entries.
+  StoreOptions so = SmallStore();
+  so.policy = EvictionPolicy::kS3Fifo;
+  Host c = OpenHost(OpenUri(create_), false, so);
+  ASSERT_NE(c.store, nullptr);
+  CXLRT_ASSERT_OK(c.store->SetQuota("s3", 20 << 10));
+  for (int i = 0; i < 10; ++i) {
+    const std::string key = absl::StrCat("hot", i);
+    CXLRT_ASSERT_OK(c.store->Put("s3", key, Value(key, 1024).data(), 1024));
+    ExpectGet(c, "s3", key, Value(key, 1024));  // read again: earns the main queue
+  }
+  for (int i = 0; i < 30; ++i) {  // a scan of one-hit entries
+    const std::string key = absl::StrCat("scan", i);
+    CXLRT_ASSERT_OK(c.store->Put("s3", key, Value(key, 1024).data(), 1024));
+  }
+  for (int i = 0; i < 10; ++i) {
+    EXPECT_EQ(b_.store->Contains("s3", absl::StrCat("hot", i)).value_or(false), true) << i;
+  }
+  EXPECT_EQ(b_.store->Contains("s3", "scan0").value_or(true), false);
+  ExpectAuditClean(*a_.pool);
+}
+
+TEST_P(StoreTest, ValuesOf64MiBArePutAndGot) {
+  const size_t n = 64 << 20;
+  std::vector<uint8_t> v = Value("big", n);
+  CXLRT_ASSERT_OK(a_.store->Put("big", "k", v.data(), n));
+  ExpectGet(b_, "big", "k", v);
+  CXLRT_EXPECT_OK(a_.store->Delete("big", "k"));
   ExpectAuditClean(*a_.pool);
 }
 
