@@ -13,6 +13,7 @@
 #include "allocator/allocator.h"
 #include "gtest/gtest.h"
 #include "kv/internal/eviction.h"
+#include "kv/internal/store_view.h"
 #include "runtime/membership.h"
 #include "tests/testing/test_util.h"
 
@@ -246,6 +247,42 @@ TEST_P(StoreTest, BadInputIsAClearErrorAndChangesNothing) {
                      absl::StatusCode::kInvalidArgument, "exceeds the quota");
   ExpectGet(b_, "ns", "k", v);
   ExpectAuditClean(*a_.pool);
+}
+
+TEST_P(StoreTest, ACorruptPoolIsReportedNeverReadOutsideIt) {
+  CXLRT_ASSERT_OK(a_.store->Put("c", "torn", Value("torn", 100).data(), 100));
+  CXLRT_ASSERT_OK(a_.store->Put("c", "hostile", Value("hostile", 100).data(), 100));
+  auto list = ListEntries(*a_.pool);
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 2u);
+  auto view = kv_internal::StoreView::Open(*a_.pool);
+  ASSERT_TRUE(view.ok()) << view.status();
+  runtime::Coherence& c = a_.pool->coherence();
+  for (const EntryInfo& e : *list) {
+    const PoolOffset off = (*view)->EntryOff(e.owner, e.index);
+    auto entry = c.FetchObject<EntryLayout>(off);
+    if (e.key == "torn") {
+      entry.value_size ^= 1;  // a flipped bit: the checksum no longer holds
+    } else {
+      entry.block = a_.pool->size() - 10;  // whole, but pointing past the pool's end
+      entry.checksum = kv_internal::EntryChecksum(entry);
+    }
+    c.PublishObject(off, entry);
+  }
+  std::vector<uint8_t> buf(100);
+  CXLRT_EXPECT_ERROR(b_.store->Get("c", "torn", buf.data(), buf.size()),
+                     absl::StatusCode::kNotFound, "not in the store");
+  CXLRT_EXPECT_ERROR(b_.store->Get("c", "hostile", buf.data(), buf.size()),
+                     absl::StatusCode::kDataLoss, "outside the pool");
+  std::vector<std::string> problems;
+  EXPECT_EQ(Audit(*a_.pool, &problems).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(problems.size(), 3u) << "checksum, bounds, and the counters that no longer match";
+  // A damaged header: the store is refused, with what is wrong.
+  const auto region = a_.pool->FindRegion(kStoreRegionName);
+  ASSERT_TRUE(region.ok());
+  uint64_t bad = 0x1234;
+  c.Publish(region->offset + offsetof(StoreHeaderLayout, entries_per_host), &bad, 8);
+  CXLRT_EXPECT_ERROR(ReadStats(*a_.pool), absl::StatusCode::kDataLoss, "checksum mismatch");
 }
 
 TEST(StoreOpenTest, AStoreIsMadeOnlyWhenAskedAndItsGeometryIsChecked) {
