@@ -589,6 +589,8 @@ absl::StatusOr<PoolOffset> ArenaState::AllocSmall(uint32_t cls, bool durable,
     BeginBatch();
     uint32_t got = 0;
     for (uint32_t i : class_segs_[cls]) {
+      const Segment& seg = *segs_[i];
+      if (seg.alloc_count >= seg.blocks) continue;  // full: nothing to scan for
       got += Refill(*segs_[i], want - got);
       if (got == want) break;
     }
