@@ -279,9 +279,29 @@ double RemoteFreeRate(const std::string& uri, uint64_t size, uint64_t n, int run
   return rates[0] > 0 ? rates[1] : 0;
 }
 
+// Frees/s of a host freeing a list of `n` blocks of its own (the local
+// counterpart of RemoteFreeRate: same list, same loop).
+double LocalFreeRate(const std::string& uri, uint64_t size, uint64_t n) {
+  return InHosts(1, [&](int) -> double {
+    auto h = OpenHost(uri);
+    if (!h.ok()) return 0;
+    std::vector<PoolOffset> offs;
+    for (uint64_t k = 0; k < n; ++k) {
+      auto off = h->alloc->Allocate(size);
+      if (!off.ok()) break;
+      offs.push_back(*off);
+    }
+    const int64_t t0 = NowNs();
+    for (PoolOffset off : offs) {
+      if (!h->alloc->Free(off).ok()) return 0;
+    }
+    return Rate(offs.size(), NowNs() - t0);
+  })[0];
+}
+
 struct Row {
   uint64_t size;
-  double glibc, mimalloc, cxlrt_local, cxlrt_two_hosts, cross_host, remote_frees;
+  double glibc, mimalloc, cxlrt_local, cxlrt_two_hosts, cross_host, remote_frees, local_frees;
 };
 
 std::string Mops(double r) { return r > 0 ? absl::StrFormat("%.2f", r / 1e6) : "-"; }
@@ -304,7 +324,7 @@ int RunAllocBench(const AllocBenchOptions& o) {
   std::vector<uint64_t> sizes = o.sizes;
   if (sizes.empty()) sizes.assign(std::begin(kSizes), std::end(kSizes));
   for (uint64_t size : sizes) {
-    Row r{size, 0, 0, 0, 0, 0, 0};
+    Row r{size, 0, 0, 0, 0, 0, 0, 0};
     auto median = [&](const std::function<double()>& fn) {
       return Summarize(Repeat(o.reps, fn)).median;
     };
@@ -348,6 +368,10 @@ int RunAllocBench(const AllocBenchOptions& o) {
       remote.push_back(RemoteFreeRate(open_uri, size, nr, k));
     }
     r.remote_frees = Summarize(remote).median;
+    std::vector<double> local;
+    for (int k = 0; k < std::max(1, o.reps / 2); ++k)
+      local.push_back(LocalFreeRate(open_uri, size, nr));
+    r.local_frees = Summarize(local).median;
     rows.push_back(r);
   }
 
@@ -365,6 +389,8 @@ int RunAllocBench(const AllocBenchOptions& o) {
           {"cxlrt_cross_host_frees_per_s", r.cross_host},
           {"cxlrt_remote_frees_per_s", r.remote_frees},
           {"remote_vs_local", r.cxlrt_local > 0 ? r.remote_frees / r.cxlrt_local : 0},
+          {"cxlrt_local_frees_per_s", r.local_frees},
+          {"remote_vs_local_frees", r.local_frees > 0 ? r.remote_frees / r.local_frees : 0},
           {"pair_time_vs_glibc", r.cxlrt_local > 0 ? r.glibc / r.cxlrt_local : 0},
           {"cross_vs_local", r.cxlrt_local > 0 ? r.cross_host / r.cxlrt_local : 0}};
       if (r.mimalloc > 0) row["mimalloc_pairs_per_s"] = r.mimalloc;
@@ -379,21 +405,23 @@ int RunAllocBench(const AllocBenchOptions& o) {
               FormatGbps(memcpy_bw.median).c_str());
   std::printf(
       "# cross-host: one host allocates, hands each block over, the other frees it "
-      "(end to end); remote: frees/s of a host freeing another's blocks\n");
-  std::printf("%10s %9s %9s %9s %12s %11s %11s %12s %9s %13s\n", "size", "glibc", "mimalloc",
-              "cxlrt", "time/glibc", "cxlrt 2 h", "cross-host", "cross/local", "remote",
-              "remote/local");
+      "(end to end); remote: frees/s of a host freeing a list of another's blocks; local frees: "
+      "the same of its own blocks\n");
+  std::printf("%10s %9s %9s %9s %12s %11s %11s %12s %9s %13s %12s %13s\n", "size", "glibc",
+              "mimalloc", "cxlrt", "time/glibc", "cxlrt 2 h", "cross-host", "cross/local", "remote",
+              "remote/local", "local frees", "remote/lfree");
   for (const Row& r : rows) {
     auto ratio = [&](double x) {
       return r.cxlrt_local > 0 ? absl::StrFormat("%.2f", x / r.cxlrt_local) : std::string("-");
     };
-    std::printf("%10llu %9s %9s %9s %12s %11s %11s %12s %9s %13s\n",
-                static_cast<unsigned long long>(r.size), Mops(r.glibc).c_str(),
-                Mops(r.mimalloc).c_str(), Mops(r.cxlrt_local).c_str(),
-                r.cxlrt_local > 0 ? absl::StrFormat("%.2f", r.glibc / r.cxlrt_local).c_str() : "-",
-                Mops(r.cxlrt_two_hosts).c_str(), Mops(r.cross_host).c_str(),
-                ratio(r.cross_host).c_str(), Mops(r.remote_frees).c_str(),
-                ratio(r.remote_frees).c_str());
+    std::printf(
+        "%10llu %9s %9s %9s %12s %11s %11s %12s %9s %13s %12s %13s\n",
+        static_cast<unsigned long long>(r.size), Mops(r.glibc).c_str(), Mops(r.mimalloc).c_str(),
+        Mops(r.cxlrt_local).c_str(),
+        r.cxlrt_local > 0 ? absl::StrFormat("%.2f", r.glibc / r.cxlrt_local).c_str() : "-",
+        Mops(r.cxlrt_two_hosts).c_str(), Mops(r.cross_host).c_str(), ratio(r.cross_host).c_str(),
+        Mops(r.remote_frees).c_str(), ratio(r.remote_frees).c_str(), Mops(r.local_frees).c_str(),
+        r.local_frees > 0 ? absl::StrFormat("%.2f", r.remote_frees / r.local_frees).c_str() : "-");
   }
   return 0;
 }

@@ -256,6 +256,8 @@ TEST(CliTest, BenchAllocComparesWithGlibcAndMeasuresCrossHostFrees) {
     EXPECT_GT(row["cxlrt_two_hosts_pairs_per_s"].get<double>(), 0) << row;
     EXPECT_GT(row["cxlrt_cross_host_frees_per_s"].get<double>(), 0) << row;
     EXPECT_GT(row["cxlrt_remote_frees_per_s"].get<double>(), 0) << row;
+    EXPECT_GT(row["cxlrt_local_frees_per_s"].get<double>(), 0) << row;
+    EXPECT_GT(row["remote_vs_local_frees"].get<double>(), 0) << row;
   }
   EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "the benchmark left its pool behind";
 }
