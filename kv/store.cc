@@ -294,17 +294,17 @@ absl::Status Store::RefreshNamespaces() {
 absl::StatusOr<uint32_t> Store::NamespaceId(absl::string_view ns, bool create) {
   CXLRT_RETURN_IF_ERROR(CheckName("namespace", ns, kMaxNamespaceBytes));
   std::lock_guard<std::mutex> lock(ns_mu_);
-  auto it = ns_ids_.find(std::string(ns));
+  auto it = ns_ids_.find(ns);
   if (it != ns_ids_.end()) return it->second;
   CXLRT_RETURN_IF_ERROR(RefreshNamespaces());
-  it = ns_ids_.find(std::string(ns));
+  it = ns_ids_.find(ns);
   if (it != ns_ids_.end()) return it->second;
   if (!create) {
     return absl::NotFoundError(absl::StrCat("namespace '", Printable(ns), "' has no entries"));
   }
   CXLRT_RETURN_IF_ERROR(membership_.WithPoolLock([&]() -> absl::Status {
     CXLRT_RETURN_IF_ERROR(RefreshNamespaces());
-    if (ns_ids_.count(std::string(ns))) return absl::OkStatus();  // another host made it
+    if (ns_ids_.contains(ns)) return absl::OkStatus();  // another host made it
     for (uint32_t id = 0; id < ns_names_.size(); ++id) {
       if (!ns_names_[id].empty()) continue;
       NamespaceLayout rec = {};
@@ -321,7 +321,7 @@ absl::StatusOr<uint32_t> Store::NamespaceId(absl::string_view ns, bool create) {
                                                      " namespaces in use; '", Printable(ns),
                                                      "' cannot be added"));
   }));
-  return ns_ids_.at(std::string(ns));
+  return ns_ids_.find(ns)->second;
 }
 
 uint64_t Store::QuotaOf(uint32_t ns) {
@@ -357,13 +357,14 @@ uint64_t Store::NsBytesElsewhere(uint32_t ns) {
 
 absl::StatusOr<std::optional<Store::Found>> Store::Search(uint32_t ns, absl::string_view key,
                                                           uint64_t hash, uint32_t only,
-                                                          bool* evicting) {
+                                                          bool* evicting, uint32_t skip) {
   const StoreHeaderLayout& h = view_->h();
   std::optional<Found> leaving;  // a matching entry being evicted
   const uint32_t mask = h.entries_per_host - 1;
   uint32_t first = 0, end = partitions_seen_.load(std::memory_order_acquire);
   if (only != ~0u) first = only, end = only + 1;
   for (uint32_t p = first; p < end; ++p) {
+    if (p == skip) continue;
     const uint32_t home = static_cast<uint32_t>(hash) & mask;
     for (uint32_t k = 0; k < h.probe_limit; ++k) {
       const uint32_t i = (home + k) & mask;
@@ -400,8 +401,9 @@ absl::StatusOr<std::optional<Store::Found>> Store::Search(uint32_t ns, absl::str
 }
 
 absl::StatusOr<std::optional<Store::Found>> Store::SearchAll(uint32_t ns, absl::string_view key,
-                                                             uint64_t hash, bool* evicting) {
-  CXLRT_ASSIGN_OR_RETURN(auto found, Search(ns, key, hash, ~0u, evicting));
+                                                             uint64_t hash, bool* evicting,
+                                                             uint32_t skip) {
+  CXLRT_ASSIGN_OR_RETURN(auto found, Search(ns, key, hash, ~0u, evicting, skip));
   if (found) return found;
   // A host that put for the first time since we last looked: widen.
   const uint32_t before = partitions_seen_.load(std::memory_order_acquire);
@@ -412,10 +414,28 @@ absl::StatusOr<std::optional<Store::Found>> Store::SearchAll(uint32_t ns, absl::
   if (seen <= before) return found;
   partitions_seen_.store(seen, std::memory_order_release);
   for (uint32_t p = before; p < seen; ++p) {
+    if (p == skip) continue;
     CXLRT_ASSIGN_OR_RETURN(found, Search(ns, key, hash, p, evicting));
     if (found) return found;
   }
   return found;
+}
+
+absl::StatusOr<bool> Store::OwnEntryExists(uint32_t ns, absl::string_view key, uint64_t hash) {
+  // Every entry of this partition lies in its key's probe window; only a
+  // slot whose hash and namespace match is read from the pool.
+  const StoreHeaderLayout& h = view_->h();
+  const uint32_t mask = h.entries_per_host - 1;
+  const uint32_t home = static_cast<uint32_t>(hash) & mask;
+  for (uint32_t k = 0; k < h.probe_limit; ++k) {
+    const Local& l = local_[(home + k) & mask];
+    if (l.hash != hash || l.ns != ns) continue;
+    if (l.busy) return true;  // the same key (or its hash twin) is being put by another thread
+    if (l.state != static_cast<uint64_t>(EntryState::kPut)) continue;
+    CXLRT_ASSIGN_OR_RETURN(auto found, Search(ns, key, hash, me_));
+    return found.has_value();
+  }
+  return false;
 }
 
 bool Store::SealIs(uint32_t partition, uint32_t index, uint64_t gen) {
@@ -479,7 +499,9 @@ absl::Status Store::PutOne(uint32_t ns, absl::string_view ns_name, absl::string_
   // The first writer wins: exact within this host (checked again under the
   // lock), best effort across hosts (two hosts putting one key at the same
   // moment may both succeed; readers then find the lower host's).
-  CXLRT_ASSIGN_OR_RETURN(auto found, SearchAll(ns, key, hash));
+  // Other hosts' partitions here; this host's own under the lock, from
+  // what it knows of its partition.
+  CXLRT_ASSIGN_OR_RETURN(auto found, SearchAll(ns, key, hash, nullptr, me_));
   if (found) return exists(found->partition);
 
   const StoreHeaderLayout& h = view_->h();
@@ -490,21 +512,14 @@ absl::Status Store::PutOne(uint32_t ns, absl::string_view ns_name, absl::string_
   uint64_t gen = 0;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    CXLRT_ASSIGN_OR_RETURN(found, Search(ns, key, hash, me_));
-    if (found) {
+    CXLRT_ASSIGN_OR_RETURN(const bool mine, OwnEntryExists(ns, key, hash));
+    if (mine) {
       lock.unlock();
       return exists(me_);
     }
     const uint32_t home = static_cast<uint32_t>(hash) & mask;
     std::vector<uint32_t> window;
-    for (uint32_t k = 0; k < h.probe_limit; ++k) {
-      const uint32_t i = (home + k) & mask;
-      if (local_[i].busy && local_[i].hash == hash && local_[i].ns == ns) {
-        lock.unlock();  // the same key is being put by another thread
-        return exists(me_);
-      }
-      window.push_back(i);
-    }
+    for (uint32_t k = 0; k < h.probe_limit; ++k) window.push_back((home + k) & mask);
     // Quota: evict this host's entries of the namespace to make room.
     if (quota != 0) {
       const uint64_t total = counters_[ns].bytes + NsBytesElsewhere(ns);

@@ -27,9 +27,9 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -201,9 +201,14 @@ class Store {
   // returned (and *evicting set true) when no visible one does.
   absl::StatusOr<std::optional<Found>> Search(uint32_t ns, absl::string_view key, uint64_t hash,
                                               uint32_t only_partition = ~0u,
-                                              bool* evicting = nullptr);
+                                              bool* evicting = nullptr, uint32_t skip = ~0u);
+  // Search over every partition but `skip` (~0u: none), widening to
+  // partitions first used since the last look when nothing is found.
   absl::StatusOr<std::optional<Found>> SearchAll(uint32_t ns, absl::string_view key, uint64_t hash,
-                                                 bool* evicting = nullptr);
+                                                 bool* evicting = nullptr, uint32_t skip = ~0u);
+  // True when this host's partition holds a live entry of the key, or a put
+  // of it is in flight here (the owner's own view). REQUIRES: mu_.
+  absl::StatusOr<bool> OwnEntryExists(uint32_t ns, absl::string_view key, uint64_t hash);
   bool SealIs(uint32_t partition, uint32_t index, uint64_t gen);
 
   absl::Status PutOne(uint32_t ns, absl::string_view ns_name, absl::string_view key,
@@ -236,8 +241,8 @@ class Store {
   std::unique_ptr<kv_internal::StoreView> view_;
 
   std::mutex ns_mu_;
-  std::vector<std::string> ns_names_;                 // guarded by ns_mu_: by id ("" unused)
-  std::unordered_map<std::string, uint32_t> ns_ids_;  // guarded by ns_mu_
+  std::vector<std::string> ns_names_;                  // guarded by ns_mu_: by id ("" unused)
+  absl::flat_hash_map<std::string, uint32_t> ns_ids_;  // guarded by ns_mu_
 
   // This host's partition (owner side).
   std::mutex mu_;
