@@ -895,18 +895,20 @@ std::vector<uint32_t> Store::EvictSlots(const std::vector<uint32_t>& victims) {
       order_->Reinstate(v);
       continue;
     }
+    const Local was = l;
     absl::Status st = alloc_.FreeDurable(
-        l.block, view_->EntryOff(me_, v) + offsetof(EntryLayout, state), kStateTombstone);
+        was.block, view_->EntryOff(me_, v) + offsetof(EntryLayout, state), kStateTombstone);
     if (!st.ok()) {
       CXLRT_LOG(kError) << "KV eviction of slot " << v << ": freeing its block: " << st;
-      Tombstone(v);
+      Tombstone(v);  // the pool says tombstone whatever happened to the block
     }
-    l.state = kStateTombstone;
-    NsCountersLayout& c = counters_[l.ns];
+    local_[v] = Local{};
+    local_[v].state = kStateTombstone;
+    NsCountersLayout& c = counters_[was.ns];
     c.entries -= 1;
-    c.bytes -= l.size;
+    c.bytes -= was.size;
     c.evictions += 1;
-    touched_ns.insert(l.ns);
+    touched_ns.insert(was.ns);
     gone.push_back(v);
     // A tombstone before an empty slot ends no probe early: it can be empty.
     const uint32_t mask = view_->h().entries_per_host - 1;
