@@ -661,6 +661,7 @@ absl::StatusOr<size_t> Store::GetOne(uint32_t ns, absl::string_view key, void* d
   };
   // A get that races an eviction sees the seal change and looks again; a
   // key evicted for good is then not found.
+  int waits = 0;  // evictions waited out (each one put the entry back)
   for (int attempt = 0; attempt < 4; ++attempt) {
     bool evicting = false;
     CXLRT_ASSIGN_OR_RETURN(auto found, SearchAll(ns, key, hash, &evicting));
@@ -681,7 +682,7 @@ absl::StatusOr<size_t> Store::GetOne(uint32_t ns, absl::string_view key, void* d
           absl::Now() + absl::Milliseconds(50), "a KV entry being evicted", nullptr,
           absl::Milliseconds(50));
       if (!waited.ok() || line[0] != e.gen) break;
-      --attempt;  // put back: read it again
+      if (++waits < 16) --attempt;  // put back: read it again
       continue;
     }
     if (e.value_size > capacity) {

@@ -149,9 +149,10 @@ class Store {
   // Items of a batch of 1 MiB or more are put on `copy_threads` threads.
   std::vector<absl::Status> BatchPut(absl::string_view ns, absl::Span<const PutItem> items);
 
-  // Copies the value of (ns, key) into dst and returns its size. kNotFound;
-  // kInvalidArgument when `capacity` is too small (the message says the
-  // size needed; nothing is copied).
+  // Copies the value of (ns, key) into dst and returns its size. kNotFound
+  // (dst's bytes are then unspecified: a copy that raced an eviction may
+  // have begun); kInvalidArgument when `capacity` is too small (the message
+  // says the size needed; nothing is copied).
   absl::StatusOr<size_t> Get(absl::string_view ns, absl::string_view key, void* dst,
                              size_t capacity);
   std::vector<absl::StatusOr<size_t>> BatchGet(absl::string_view ns,
