@@ -5,6 +5,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "kv/internal/eviction.h"
@@ -50,17 +51,9 @@ absl::Status CheckName(absl::string_view what, absl::string_view s, size_t max) 
   return absl::OkStatus();
 }
 
+// A key or namespace for a message: escaped (absl::CHexEscape), cut at 48 bytes.
 std::string Printable(absl::string_view s) {
-  std::string out;
-  for (char ch : s.substr(0, 48)) {
-    if (ch >= 0x20 && ch < 0x7f) {
-      out += ch;
-    } else {
-      absl::StrAppend(&out, "\\x", absl::Hex(static_cast<uint8_t>(ch), absl::kZeroPad2));
-    }
-  }
-  if (s.size() > 48) out += "...";
-  return out;
+  return absl::StrCat(absl::CHexEscape(s.substr(0, 48)), s.size() > 48 ? "..." : "");
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -35,18 +36,6 @@ using runtime::FormatBytes;
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "cxlrt: %s\n", std::string(s.message()).c_str());
   return 1;
-}
-
-std::string Printable(const std::string& s) {
-  std::string out;
-  for (char ch : s) {
-    if (ch >= 0x20 && ch < 0x7f) {
-      out += ch;
-    } else {
-      absl::StrAppend(&out, "\\x", absl::Hex(static_cast<uint8_t>(ch), absl::kZeroPad2));
-    }
-  }
-  return out;
 }
 
 // This process as a host of the pool, with the store open.
@@ -94,7 +83,7 @@ int KvStats(const std::string& uri, bool as_json) {
               {"live_entries", stats->live_entries},
               {"namespaces", json::array()}};
     for (const kv::NamespaceStats& n : stats->namespaces) {
-      j["namespaces"].push_back({{"name", n.name},
+      j["namespaces"].push_back({{"name", absl::CHexEscape(n.name)},
                                  {"quota", n.quota},
                                  {"entries", n.entries},
                                  {"bytes", n.bytes},
@@ -115,9 +104,10 @@ int KvStats(const std::string& uri, bool as_json) {
   for (const kv::NamespaceStats& n : stats->namespaces) {
     const uint64_t reads = n.hits + n.misses;
     std::printf("%-32s %9lu %10s %10s %10lu %10lu %6s %10lu %9lu %7lu\n",
-                Printable(n.name).substr(0, 32).c_str(), static_cast<unsigned long>(n.entries),
-                FormatBytes(n.bytes).c_str(), n.quota ? FormatBytes(n.quota).c_str() : "-",
-                static_cast<unsigned long>(n.hits), static_cast<unsigned long>(n.misses),
+                absl::CHexEscape(n.name).substr(0, 32).c_str(),
+                static_cast<unsigned long>(n.entries), FormatBytes(n.bytes).c_str(),
+                n.quota ? FormatBytes(n.quota).c_str() : "-", static_cast<unsigned long>(n.hits),
+                static_cast<unsigned long>(n.misses),
                 reads ? absl::StrFormat("%.1f", 100.0 * n.hits / reads).c_str() : "-",
                 static_cast<unsigned long>(n.evictions), static_cast<unsigned long>(n.puts),
                 static_cast<unsigned long>(n.put_exists));
@@ -133,8 +123,8 @@ int KvList(const std::string& uri, const std::string& ns, bool as_json) {
   if (as_json) {
     json j = json::array();
     for (const kv::EntryInfo& e : *entries) {
-      j.push_back({{"namespace", e.ns},
-                   {"key", Printable(e.key)},
+      j.push_back({{"namespace", absl::CHexEscape(e.ns)},
+                   {"key", absl::CHexEscape(e.key)},
                    {"size", e.value_size},
                    {"owner", e.owner},
                    {"slot", e.index},
@@ -147,9 +137,9 @@ int KvList(const std::string& uri, const std::string& ns, bool as_json) {
   std::printf("%-20s %-40s %10s %5s %6s %14s\n", "namespace", "key", "size", "owner", "slot",
               "block");
   for (const kv::EntryInfo& e : *entries) {
-    std::printf("%-20s %-40s %10s %5u %6u %14s\n", Printable(e.ns).substr(0, 20).c_str(),
-                Printable(e.key).substr(0, 40).c_str(), FormatBytes(e.value_size).c_str(), e.owner,
-                e.index, absl::StrFormat("0x%x", e.block).c_str());
+    std::printf("%-20s %-40s %10s %5u %6u %14s\n", absl::CHexEscape(e.ns).substr(0, 20).c_str(),
+                absl::CHexEscape(e.key).substr(0, 40).c_str(), FormatBytes(e.value_size).c_str(),
+                e.owner, e.index, absl::StrFormat("0x%x", e.block).c_str());
   }
   std::printf("%zu entries\n", entries->size());
   return 0;
@@ -168,8 +158,8 @@ int KvPut(const std::string& uri, const std::string& ns, const std::string& key,
   auto h = OpenKvHost(uri, /*create=*/true);
   if (!h.ok()) return Fail(h.status());
   if (absl::Status s = h->store->Put(ns, key, data.data(), data.size()); !s.ok()) return Fail(s);
-  std::printf("put %s/%s: %zu bytes, crc32c 0x%08x, by host %u\n", Printable(ns).c_str(),
-              Printable(key).c_str(), data.size(), runtime::Crc32c(data.data(), data.size()),
+  std::printf("put %s/%s: %zu bytes, crc32c 0x%08x, by host %u\n", absl::CHexEscape(ns).c_str(),
+              absl::CHexEscape(key).c_str(), data.size(), runtime::Crc32c(data.data(), data.size()),
               h->membership->slot());
   return 0;
 }
@@ -196,9 +186,9 @@ int KvGet(const std::string& uri, const std::string& ns, const std::string& key,
     std::ofstream f(out, std::ios::binary);
     f.write(data.data(), static_cast<std::streamsize>(data.size()));
     if (!f) return Fail(absl::InternalError(absl::StrCat("cannot write ", out)));
-    std::printf("got %s/%s: %zu bytes, crc32c 0x%08x, by host %u\n", Printable(ns).c_str(),
-                Printable(key).c_str(), data.size(), runtime::Crc32c(data.data(), data.size()),
-                h->membership->slot());
+    std::printf("got %s/%s: %zu bytes, crc32c 0x%08x, by host %u\n", absl::CHexEscape(ns).c_str(),
+                absl::CHexEscape(key).c_str(), data.size(),
+                runtime::Crc32c(data.data(), data.size()), h->membership->slot());
   }
   return 0;
 }

@@ -289,16 +289,25 @@ TEST(CliTest, KvCommandsPutGetListStatsAndCheckTheStore) {
   Result missing = Cxlrt("kv get model/bf16 nope --pool " + Quote(uri));
   EXPECT_EQ(missing.code, 1);
   EXPECT_NE(missing.out.find("not in the store"), std::string::npos) << missing.out;
-  Result ls = CxlrtStdout("kv ls --json " + Quote(uri));
+  // A namespace and key that are not UTF-8 come out escaped (JSON would
+  // refuse the raw bytes).
+  Result binary = Cxlrt("kv put \"$(printf 'ns\\377')\" \"$(printf 'k\\377')\" " + Quote(in) +
+                        " --pool " + Quote(uri));
+  ASSERT_EQ(binary.code, 0) << binary.out;
+  Result ls = CxlrtStdout("kv ls --json --namespace model/bf16 " + Quote(uri));
   ASSERT_EQ(ls.code, 0) << ls.out;
   auto entries = nlohmann::json::parse(ls.out);
   ASSERT_EQ(entries.size(), 1u);
   EXPECT_EQ(entries[0]["key"], "prefix-0");
   EXPECT_EQ(entries[0]["size"], 100000);
+  Result all = CxlrtStdout("kv ls --json " + Quote(uri));
+  ASSERT_EQ(all.code, 0) << all.out;
+  EXPECT_NE(all.out.find("k\\\\xff"), std::string::npos) << all.out;
   Result stats = CxlrtStdout("kv stats --json " + Quote(uri));
   ASSERT_EQ(stats.code, 0) << stats.out;
   auto st = nlohmann::json::parse(stats.out);
-  ASSERT_EQ(st["namespaces"].size(), 1u);
+  ASSERT_EQ(st["namespaces"].size(), 2u);
+  EXPECT_EQ(st["namespaces"][1]["name"], "ns\\xff");
   EXPECT_EQ(st["namespaces"][0]["name"], "model/bf16");
   EXPECT_EQ(st["namespaces"][0]["entries"], 1);
   EXPECT_EQ(st["namespaces"][0]["put_exists"], 1);
