@@ -216,7 +216,7 @@ absl::Status Allocator::FreeDurable(PoolOffset block, PoolOffset word, uint64_t 
 
 absl::Status Allocator::ChangeWithWord(RedoKind kind, PoolOffset block, PoolOffset word,
                                        uint64_t value) {
-  if (word % 8 != 0 || word < pool_.header().heap_offset || word > pool_.size() - 8) {
+  if (!meta_->IsHeapWord(word)) {
     return absl::InvalidArgumentError(absl::StrCat("pool offset 0x", absl::Hex(word),
                                                    " is not an 8-byte aligned word of the heap"));
   }

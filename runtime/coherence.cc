@@ -19,6 +19,16 @@ namespace {
 // Below this a regular copy plus write-back beats streaming stores.
 constexpr size_t kNonTemporalMin = 4096;
 
+// A copy out of the pool that bypasses the destination's cache from
+// kNonTemporalMin up (CopyFromPoolStreaming).
+void StreamingCopy(void* dst, const void* src, size_t n) {
+  if (n >= kNonTemporalMin) {
+    NonTemporalCopy(dst, src, n);
+  } else {
+    CopyBytes(dst, src, n);
+  }
+}
+
 inline uintptr_t LineDown(const void* p) {
   return reinterpret_cast<uintptr_t>(p) & ~uintptr_t{kCacheLine - 1};
 }
@@ -86,11 +96,7 @@ class HardwareCoherence final : public Coherence {
   }
   void DoCopyFromPoolStreaming(void* dst, PoolOffset src, size_t n) override {
     std::atomic_thread_fence(std::memory_order_acquire);
-    if (n >= kNonTemporalMin) {
-      NonTemporalCopy(dst, At(src), n);
-    } else {
-      CopyBytes(dst, At(src), n);
-    }
+    StreamingCopy(dst, At(src), n);
   }
 };
 
@@ -141,11 +147,7 @@ class SoftwareCoherence final : public Coherence {
   }
   void DoCopyFromPoolStreaming(void* dst, PoolOffset src, size_t n) override {
     DoInvalidate(src, n);
-    if (n >= kNonTemporalMin) {
-      NonTemporalCopy(dst, At(src), n);
-    } else {
-      CopyBytes(dst, At(src), n);
-    }
+    StreamingCopy(dst, At(src), n);
   }
 
  private:

@@ -1031,10 +1031,11 @@ void ArenaState::FinishRedo() {
                                                                    offsetof(ArenaLayout, redo));
   const auto kind = static_cast<allocator::RedoKind>(r.kind);
   if (kind == allocator::RedoKind::kNone || r.checksum != RedoChecksum(r)) return;
-  const uint64_t pool_size = meta_.pool().size();
-  if (r.word % 8 != 0 || r.word > pool_size - 8) {
-    CXLRT_LOG(kError) << "arena " << slot_ << ": intent record names word 0x" << std::hex << r.word
-                      << " outside the pool; dropped";
+  if ((kind != allocator::RedoKind::kMakeDurable && kind != allocator::RedoKind::kFree) ||
+      !meta_.IsHeapWord(r.word)) {
+    CXLRT_LOG(kError) << "arena " << slot_ << ": intent record of kind " << r.kind
+                      << " names word 0x" << std::hex << r.word
+                      << ", not a word of the heap; dropped";
     WriteRedo(allocator::RedoKind::kNone);
     return;
   }

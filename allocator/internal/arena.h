@@ -97,6 +97,11 @@ class HeapMeta {
     return h_.ring_entries + uint64_t{p} * RingRowBytes() +
            uint64_t{o} * h_.ring_capacity * sizeof(allocator::RingEntryLayout);
   }
+  // True when `word` is an 8-byte aligned word of the heap (a word that
+  // CommitDurable / FreeDurable may store to).
+  bool IsHeapWord(PoolOffset word) const {
+    return word % 8 == 0 && word >= pool_.header().heap_offset && word <= pool_.size() - 8;
+  }
   // The data segment holding `off`, or nullopt outside [first data
   // segment, end of heap).
   std::optional<uint32_t> SegmentOf(PoolOffset off) const {
