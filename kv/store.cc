@@ -114,8 +114,6 @@ Store::~Store() {
   }
 }
 
-const StoreHeaderLayout& Store::header() const { return view_->h(); }
-
 absl::StatusOr<std::unique_ptr<Store>> Store::Open(allocator::Allocator& alloc,
                                                    const StoreOptions& options) {
   if (options.pin_lease <= absl::ZeroDuration()) {
@@ -223,7 +221,7 @@ absl::Status Store::RecoverPartition() {
       local_[i].state = kStateTombstone;
       continue;
     }
-    if (state == EntryState::kEvicting && e.checksum == EntryChecksum(e)) {
+    if (s == Slot::kEvicting) {
       // Its block is durable until FreeDurable stores the tombstone.
       absl::Status st = alloc_.FreeDurable(
           e.block, view_->EntryOff(me_, i) + offsetof(EntryLayout, state), kStateTombstone);
@@ -725,12 +723,14 @@ absl::StatusOr<size_t> Store::Lookup(absl::string_view ns, absl::Span<const std:
     if (id.status().code() == absl::StatusCode::kNotFound) return 0;
     return id.status();
   }
-  CXLRT_ASSIGN_OR_RETURN(runtime::HostView self, membership_.Host(me_));
-  const uint64_t beat_ms = std::max<uint64_t>(self.record.heartbeat_ms, 1);
+  // The lease in this host's own heartbeats, counted from its heartbeat
+  // word as others read it (the first word of its owner line).
+  const uint64_t beat_ms =
+      std::max<int64_t>(absl::ToInt64Milliseconds(membership_.heartbeat_period()), 1);
   PinLayout pin = {};
   pin.epoch = membership_.epoch();
-  pin.expires_beat =
-      self.record.heartbeat + absl::ToInt64Milliseconds(options_.pin_lease) / beat_ms + 1;
+  pin.expires_beat = c_.LoadFlag(pool_.OwnerLineOffset(me_)) +
+                     absl::ToInt64Milliseconds(options_.pin_lease) / beat_ms + 1;
   size_t n = 0;
   for (const std::string& key : chain) {
     CXLRT_ASSIGN_OR_RETURN(auto found, SearchAll(*id, key, KeyHash(*id, key)));

@@ -182,7 +182,6 @@ class Store {
   absl::StatusOr<StoreStats> Stats();
 
   uint32_t slot() const { return me_; }
-  const StoreHeaderLayout& header() const;
 
  private:
   struct Local;

@@ -93,6 +93,7 @@ class Membership {
   uint32_t slot() const { return slot_; }
   uint64_t epoch() const { return epoch_; }
   absl::Duration lease() const { return lease_; }
+  absl::Duration heartbeat_period() const { return heartbeat_; }
   Pool& pool() const { return pool_; }
 
   // True once this host learned that it was fenced.

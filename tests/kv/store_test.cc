@@ -358,6 +358,32 @@ TEST_P(StoreTest, LookupReturnsTheLongestCachedPrefixAndPinsIt) {
   ExpectAuditClean(*a_.pool);
 }
 
+TEST_P(StoreTest, APinExpiresWithItsLeaseWhileItsHostLives) {
+  StoreOptions so = SmallStore();
+  so.pin_lease = absl::Milliseconds(300);
+  Host c = OpenHost(OpenUri(create_), false, so);
+  ASSERT_NE(c.store, nullptr);
+  CXLRT_ASSERT_OK(a_.store->Put("lease", "k", Value("k", 100).data(), 100));
+  PinSet pins;
+  auto n = c.store->Lookup("lease", {"k"}, &pins);
+  ASSERT_TRUE(n.ok());
+  ASSERT_EQ(*n, 1u);
+  CXLRT_EXPECT_ERROR(a_.store->Delete("lease", "k"), absl::StatusCode::kFailedPrecondition,
+                     "pinned");
+  // c keeps beating; once its heartbeat passes the pin's lease the pin no
+  // longer holds.
+  absl::Status st;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!(st = a_.store->Delete("lease", "k")).ok() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  CXLRT_EXPECT_OK(st);
+  auto alive = a_.membership->Host(c.membership->slot());
+  ASSERT_TRUE(alive.ok());
+  EXPECT_EQ(alive->liveness, runtime::Liveness::kAlive) << "the pin expired, not its host";
+  c.store->Release(pins);
+}
+
 TEST_P(StoreTest, AQuotaEvictsTheNamespacesOldestEntriesOfTheWriter) {
   CXLRT_ASSERT_OK(a_.store->SetQuota("q", 100 << 10));
   CXLRT_ASSERT_OK(a_.store->Put("other", "keep", Value("keep", 50 << 10).data(), 50 << 10));
