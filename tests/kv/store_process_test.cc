@@ -6,6 +6,7 @@
 // allocator's and the store's audits are clean.
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 
 #include <random>
 #include <vector>
@@ -102,6 +103,23 @@ void ExpectAuditsClean(const Pool& pool) {
   EXPECT_TRUE(a.ok()) << a;
   absl::Status k = Audit(pool, &problems);
   EXPECT_TRUE(k.ok()) << k;
+}
+
+// Waits until child `pid` sets the shared word `flag`. False when the child
+// exits first, or (killed then) does not get there within `timeout`.
+bool WaitSet(const uint64_t* flag, pid_t pid, absl::Duration timeout = absl::Seconds(30)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (__atomic_load_n(flag, __ATOMIC_ACQUIRE) == 0) {
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) return false;
+    if (absl::Now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return false;
+    }
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  return true;
 }
 
 // Waits until `survivor` has recovered host `slot` (lease expired, fenced,
@@ -367,7 +385,7 @@ TEST_F(StoreCrashTest, PinsOfAKilledReaderExpireWithItsLease) {
     pause();  // killed holding its pins
     return 12;
   });
-  while (shared_[1] == 0) absl::SleepFor(absl::Milliseconds(2));
+  ASSERT_TRUE(WaitSet(&shared_[1], reader)) << "the reader did not pin its keys";
   CXLRT_EXPECT_ERROR(survivor_.store->Delete("ns", "p1"), absl::StatusCode::kFailedPrecondition,
                      "pinned");
   kill(reader, SIGKILL);
@@ -398,7 +416,7 @@ TEST_F(StoreCrashTest, AnOwnerKilledWithPinnedEntriesLeavesThemReadableAndWhole)
     pause();
     return 12;
   });
-  while (shared_[1] == 0) absl::SleepFor(absl::Milliseconds(2));
+  ASSERT_TRUE(WaitSet(&shared_[1], owner)) << "the owner did not put its entries";
   const uint32_t slot = static_cast<uint32_t>(shared_[0]);
   PinSet pins;
   auto n = survivor_.store->Lookup("ns", {"o0", "o1", "o2", "o3", "o4"}, &pins);
