@@ -831,24 +831,29 @@ std::vector<std::pair<uint32_t, uint64_t>> Store::PinnedHere() {
 Store::Evicted Store::Evict(uint64_t bytes, uint32_t count,
                             const std::function<bool(uint32_t)>& eligible) {
   Evicted out;
-  while ((bytes && out.bytes < bytes) || (count && out.entries < count)) {
-    const size_t want = count ? count - out.entries : 8;
-    auto victims =
-        order_->TakeVictims(want, [&](uint32_t i) { return !local_[i].busy && eligible(i); });
-    if (victims.empty()) break;
-    std::vector<uint64_t> sizes;
-    for (uint32_t v : victims) sizes.push_back(local_[v].size);
-    const auto gone = EvictSlots(victims);
-    for (uint32_t v : gone) {
-      out.bytes += sizes[std::find(victims.begin(), victims.end(), v) - victims.begin()];
-      ++out.entries;
+  auto short_of = [&](const Evicted& planned) {
+    return (bytes && out.bytes + planned.bytes < bytes) ||
+           (count && out.entries + planned.entries < count);
+  };
+  while (short_of({})) {
+    // Victims in eviction order until they cover what is asked (no more:
+    // a quota short by 20 KiB evicts one 30 KiB entry, not a batch).
+    std::vector<uint32_t> victims;
+    Evicted planned;
+    while (short_of(planned)) {
+      auto v = order_->TakeVictims(1, [&](uint32_t i) { return !local_[i].busy && eligible(i); });
+      if (v.empty()) break;
+      victims.push_back(v[0]);
+      planned.bytes += local_[v[0]].size;
+      ++planned.entries;
     }
-    if (gone.empty()) break;  // all pinned
+    if (victims.empty()) break;
+    if (EvictSlots(victims, &out).empty()) break;  // all pinned
   }
   return out;
 }
 
-std::vector<uint32_t> Store::EvictSlots(const std::vector<uint32_t>& victims) {
+std::vector<uint32_t> Store::EvictSlots(const std::vector<uint32_t>& victims, Evicted* evicted) {
   auto pinned = [](const std::vector<std::pair<uint32_t, uint64_t>>& set, uint32_t i,
                    uint64_t gen) {
     return std::binary_search(set.begin(), set.end(), std::make_pair(i, gen));
@@ -903,6 +908,10 @@ std::vector<uint32_t> Store::EvictSlots(const std::vector<uint32_t>& victims) {
     c.bytes -= was.size;
     c.evictions += 1;
     touched_ns.insert(was.ns);
+    if (evicted) {
+      evicted->bytes += was.size;
+      ++evicted->entries;
+    }
     gone.push_back(v);
     // A tombstone before an empty slot ends no probe early: it can be empty.
     const uint32_t mask = view_->h().entries_per_host - 1;

@@ -222,8 +222,10 @@ class Store {
     uint32_t entries = 0;
   };
   Evicted Evict(uint64_t bytes, uint32_t count, const std::function<bool(uint32_t)>& eligible);
-  // Evicts the given slots unless pinned; returns those evicted.
-  std::vector<uint32_t> EvictSlots(const std::vector<uint32_t>& victims);
+  // Evicts the given slots unless pinned; returns those evicted, and adds
+  // them to `evicted` when set.
+  std::vector<uint32_t> EvictSlots(const std::vector<uint32_t>& victims,
+                                   Evicted* evicted = nullptr);
   // (index, gen) of this partition's entries pinned by live hosts' pins.
   std::vector<std::pair<uint32_t, uint64_t>> PinnedHere();
   void WriteEntry(uint32_t index, const EntryLayout& e);

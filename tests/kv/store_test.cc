@@ -391,9 +391,14 @@ TEST_P(StoreTest, AQuotaEvictsTheNamespacesOldestEntriesOfTheWriter) {
     const std::string key = absl::StrCat("q", i);
     CXLRT_ASSERT_OK(a_.store->Put("q", key, Value(key, 30 << 10).data(), 30 << 10));
     if (i == 1) ExpectGet(a_, "q", "q0", Value("q0", 30 << 10));  // q0 is now more recent than q1
+    if (i == 3) {
+      // 100 KiB hold three 30 KiB values: the fourth put evicted one, the
+      // least recently used, which is q1 (q0 was read after q1's put).
+      EXPECT_EQ(b_.store->Contains("q", "q1").value_or(true), false);
+      EXPECT_EQ(b_.store->Contains("q", "q0").value_or(false), true);
+    }
   }
-  // 100 KiB hold three 30 KiB values: the three newest, except that q0 was
-  // read after q1 was put, so q1 went before q0.
+  // At the end the three newest are left.
   auto stats = ReadStats(*a_.pool);
   ASSERT_TRUE(stats.ok());
   for (const NamespaceStats& ns : stats->namespaces) {
