@@ -53,28 +53,11 @@ double PairRate(uint64_t n, Alloc&& alloc, Free&& free) {
   return Rate(n, NowNs() - t0);
 }
 
-struct Host {
-  std::unique_ptr<runtime::Pool> pool;
-  std::unique_ptr<runtime::Membership> membership;
-  std::unique_ptr<Allocator> alloc;
-};
-
-absl::StatusOr<Host> OpenHost(const std::string& uri) {
-  Host h;
-  auto pool = runtime::Pool::Open(uri);
-  if (!pool.ok()) return pool.status();
-  h.pool = std::move(*pool);
-  runtime::AttachOptions ao;
-  ao.host_id = -1;
-  auto m = runtime::Membership::Attach(*h.pool, ao);
-  if (!m.ok()) return m.status();
-  h.membership = std::move(*m);
+// A benchmark host: its allocator ticks every millisecond.
+absl::StatusOr<AttachedHost> OpenHost(const std::string& uri) {
   allocator::AllocatorOptions opts;
   opts.tick = absl::Milliseconds(1);
-  auto a = Allocator::Open(*h.pool, *h.membership, opts);
-  if (!a.ok()) return a.status();
-  h.alloc = std::move(*a);
-  return h;
+  return AttachHost(uri, AnySlot(), opts);
 }
 
 // Local allocate + free pairs per second on one host.

@@ -265,15 +265,9 @@ int RunRank(const CollBenchOptions& o, const Kind& k, DataType t, RedOp op, cons
     std::fprintf(stderr, "cxlrt bench %s: rank %d: %s\n", o.collective.c_str(), rank, what.c_str());
     return 1;
   };
-  auto pool = runtime::Pool::Open(uri);
-  if (!pool.ok()) return fail(pool.status().ToString());
-  runtime::AttachOptions ao;
-  ao.host_id = -1;
-  auto m = runtime::Membership::Attach(**pool, ao);
-  if (!m.ok()) return fail(m.status().ToString());
-  auto alloc = allocator::Allocator::Open(**pool, **m);
-  if (!alloc.ok()) return fail(alloc.status().ToString());
-  auto comm = Communicator::Create(**alloc, "bench/" + o.collective, nranks, rank);
+  auto host = AttachHost(uri, AnySlot());
+  if (!host.ok()) return fail(host.status().ToString());
+  auto comm = Communicator::Create(*host->alloc, "bench/" + o.collective, nranks, rank);
   if (!comm.ok()) return fail(comm.status().ToString());
   Communicator& cm = **comm;
 

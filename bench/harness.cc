@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "runtime/coherence.h"
+#include "runtime/status_macros.h"
 
 namespace cxlrt::bench {
 
@@ -74,6 +75,22 @@ absl::StatusOr<std::unique_ptr<ScratchPool>> ScratchPool::Create(const std::stri
     return pool.status();
   }
   return std::unique_ptr<ScratchPool>(new ScratchPool(*uri, std::move(*pool)));
+}
+
+absl::StatusOr<AttachedHost> AttachHost(const std::string& uri,
+                                        const runtime::AttachOptions& attach,
+                                        const allocator::AllocatorOptions& options) {
+  AttachedHost h;
+  CXLRT_ASSIGN_OR_RETURN(h.pool, runtime::Pool::Open(uri));
+  CXLRT_ASSIGN_OR_RETURN(h.membership, runtime::Membership::Attach(*h.pool, attach));
+  CXLRT_ASSIGN_OR_RETURN(h.alloc, allocator::Allocator::Open(*h.pool, *h.membership, options));
+  return h;
+}
+
+runtime::AttachOptions AnySlot() {
+  runtime::AttachOptions ao;
+  ao.host_id = -1;
+  return ao;
 }
 
 }  // namespace cxlrt::bench

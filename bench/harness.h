@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "allocator/allocator.h"
+#include "runtime/membership.h"
 #include "runtime/pool.h"
 
 namespace cxlrt::bench {
@@ -58,5 +60,19 @@ class ScratchPool {
 
 // Pre-faults [p, p+n) (page faults cost 11-16 us each in our VMs).
 void Prefault(void* p, size_t n);
+
+// This process attached to a pool as a host: its own mapping, membership
+// and allocator (destroyed in reverse order).
+struct AttachedHost {
+  std::unique_ptr<runtime::Pool> pool;
+  std::unique_ptr<runtime::Membership> membership;
+  std::unique_ptr<allocator::Allocator> alloc;
+};
+// Opens `uri`, attaches with `attach` and opens the allocator.
+absl::StatusOr<AttachedHost> AttachHost(const std::string& uri,
+                                        const runtime::AttachOptions& attach,
+                                        const allocator::AllocatorOptions& options = {});
+// Attach options for any free slot (benchmarks that start their own hosts).
+runtime::AttachOptions AnySlot();
 
 }  // namespace cxlrt::bench

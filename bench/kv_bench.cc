@@ -30,25 +30,19 @@ double NowS() {
 
 // One emulated host: its own mapping of the pool, membership, allocator, store.
 struct Host {
-  std::unique_ptr<runtime::Pool> pool;
-  std::unique_ptr<runtime::Membership> membership;
-  std::unique_ptr<allocator::Allocator> alloc;
+  AttachedHost attached;
   std::unique_ptr<kv::Store> store;
 };
 
 absl::StatusOr<Host> OpenHost(const std::string& uri, uint32_t entries) {
   Host h;
-  CXLRT_ASSIGN_OR_RETURN(h.pool, runtime::Pool::Open(uri));
-  runtime::AttachOptions ao;
-  ao.host_id = -1;
-  CXLRT_ASSIGN_OR_RETURN(h.membership, runtime::Membership::Attach(*h.pool, ao));
-  CXLRT_ASSIGN_OR_RETURN(h.alloc, allocator::Allocator::Open(*h.pool, *h.membership));
+  CXLRT_ASSIGN_OR_RETURN(h.attached, AttachHost(uri, AnySlot()));
   kv::StoreOptions so;
   so.create = true;
   so.hosts = 8;
   so.entries_per_host = entries;
   so.pins_per_host = 4096;
-  CXLRT_ASSIGN_OR_RETURN(h.store, kv::Store::Open(*h.alloc, so));
+  CXLRT_ASSIGN_OR_RETURN(h.store, kv::Store::Open(*h.attached.alloc, so));
   return h;
 }
 

@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "allocator/allocator.h"
+#include "bench/harness.h"
 #include "collectives/communicator.h"
 #include "kv/store.h"
 #include "nlohmann/json.hpp"
@@ -38,22 +39,20 @@ int Fail(const absl::Status& s) {
   return 1;
 }
 
-// This process as a host of the pool, with the store open.
+// This process as a host of the pool (attached as the environment says:
+// CXLRT_HOST_ID under cxlrt run), with the store open.
 struct KvHost {
-  std::unique_ptr<runtime::Pool> pool;
-  std::unique_ptr<runtime::Membership> membership;
-  std::unique_ptr<allocator::Allocator> alloc;
+  bench::AttachedHost attached;
   std::unique_ptr<kv::Store> store;
+  uint32_t slot() const { return attached.membership->slot(); }
 };
 
 absl::StatusOr<KvHost> OpenKvHost(const std::string& uri, bool create) {
   KvHost h;
-  CXLRT_ASSIGN_OR_RETURN(h.pool, runtime::Pool::Open(uri));
-  CXLRT_ASSIGN_OR_RETURN(h.membership, runtime::Membership::Attach(*h.pool, {}));
-  CXLRT_ASSIGN_OR_RETURN(h.alloc, allocator::Allocator::Open(*h.pool, *h.membership));
+  CXLRT_ASSIGN_OR_RETURN(h.attached, bench::AttachHost(uri, {}));
   kv::StoreOptions so;
   so.create = create;
-  CXLRT_ASSIGN_OR_RETURN(h.store, kv::Store::Open(*h.alloc, so));
+  CXLRT_ASSIGN_OR_RETURN(h.store, kv::Store::Open(*h.attached.alloc, so));
   return h;
 }
 
@@ -160,7 +159,7 @@ int KvPut(const std::string& uri, const std::string& ns, const std::string& key,
   if (absl::Status s = h->store->Put(ns, key, data.data(), data.size()); !s.ok()) return Fail(s);
   std::printf("put %s/%s: %zu bytes, crc32c 0x%08x, by host %u\n", absl::CHexEscape(ns).c_str(),
               absl::CHexEscape(key).c_str(), data.size(), runtime::Crc32c(data.data(), data.size()),
-              h->membership->slot());
+              h->slot());
   return 0;
 }
 
@@ -188,7 +187,7 @@ int KvGet(const std::string& uri, const std::string& ns, const std::string& key,
     if (!f) return Fail(absl::InternalError(absl::StrCat("cannot write ", out)));
     std::printf("got %s/%s: %zu bytes, crc32c 0x%08x, by host %u\n", absl::CHexEscape(ns).c_str(),
                 absl::CHexEscape(key).c_str(), data.size(),
-                runtime::Crc32c(data.data(), data.size()), h->membership->slot());
+                runtime::Crc32c(data.data(), data.size()), h->slot());
   }
   return 0;
 }
@@ -202,7 +201,7 @@ int KvHandoff(uint64_t block_bytes, int blocks, double timeout_s) {
   const std::string ns = "demo/llama-8b/bf16/tenant-0";
   std::vector<std::string> chain;
   for (int i = 0; i < blocks; ++i) chain.push_back(absl::StrCat("prefix-hash-", i));
-  const uint32_t me = h->membership->slot();
+  const uint32_t me = h->slot();
   if (env->rank == 0) {
     // The prefill host: computes the KV blocks of a prompt and puts them.
     for (int i = 0; i < blocks; ++i) {
