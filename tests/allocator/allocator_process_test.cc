@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "runtime/fault.h"
 #include "runtime/membership.h"
+#include "tests/testing/host_util.h"
 #include "tests/testing/test_util.h"
 
 namespace cxlrt::allocator {
@@ -25,40 +26,21 @@ using ::cxlrt::testing::TempDir;
 using ::cxlrt::testing::TestScale;
 using ::cxlrt::testing::WaitExit;
 using runtime::CoherenceDomain;
-using runtime::Membership;
 using runtime::Pool;
 
 constexpr absl::Duration kLease = absl::Milliseconds(400);
 
-struct Host {
-  std::unique_ptr<Pool> pool;
-  std::unique_ptr<Membership> membership;
-  std::unique_ptr<Allocator> alloc;
-};
+using Host = ::cxlrt::testing::TestHost;
 
-// Attaches as a host with a short lease. Returns an error instead of
-// asserting: it runs in forked children too.
+// Attaches as a host with a short lease.
 absl::StatusOr<Host> Attach(const std::string& uri, std::optional<uint32_t> slot = std::nullopt,
                             absl::Duration tick = absl::Milliseconds(1),
                             absl::Duration lease = kLease) {
-  Host h;
-  auto pool = Pool::Open(uri);
-  if (!pool.ok()) return pool.status();
-  h.pool = std::move(*pool);
-  runtime::AttachOptions ao;
-  ao.host_id = -1;
-  ao.slot = slot;
-  ao.lease = lease;
-  ao.heartbeat = std::min(absl::Milliseconds(40), lease / 4);
-  auto m = Membership::Attach(*h.pool, ao);
-  if (!m.ok()) return m.status();
-  h.membership = std::move(*m);
-  AllocatorOptions opts;
-  opts.tick = tick;
-  auto a = Allocator::Open(*h.pool, *h.membership, opts);
-  if (!a.ok()) return a.status();
-  h.alloc = std::move(*a);
-  return h;
+  ::cxlrt::testing::TestHostOptions o;
+  o.slot = slot;
+  o.tick = tick;
+  o.lease = lease;
+  return ::cxlrt::testing::AttachTestHost(uri, o);
 }
 
 uint8_t PatternByte(PoolOffset off, uint64_t i) {

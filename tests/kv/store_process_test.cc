@@ -19,6 +19,7 @@
 #include "runtime/fault.h"
 #include "runtime/membership.h"
 #include "runtime/status_macros.h"
+#include "tests/testing/host_util.h"
 #include "tests/testing/test_util.h"
 
 namespace cxlrt::kv {
@@ -31,15 +32,11 @@ using ::cxlrt::testing::TempDir;
 using ::cxlrt::testing::TestScale;
 using ::cxlrt::testing::WaitExit;
 using runtime::CoherenceDomain;
-using runtime::Membership;
 using runtime::Pool;
 
 constexpr absl::Duration kLease = absl::Milliseconds(400);
 
-struct Host {
-  std::unique_ptr<Pool> pool;
-  std::unique_ptr<Membership> membership;
-  std::unique_ptr<allocator::Allocator> alloc;
+struct Host : ::cxlrt::testing::TestHost {
   std::unique_ptr<Store> store;
 };
 
@@ -54,21 +51,16 @@ StoreOptions Geometry() {
   return o;
 }
 
-// Attaches as a host with a short lease. Returns an error instead of
-// asserting: it runs in forked children too.
+// Attaches as a host with a short lease and opens the store.
 absl::StatusOr<Host> Attach(const std::string& uri, std::optional<uint32_t> slot = std::nullopt,
                             StoreOptions so = Geometry()) {
+  ::cxlrt::testing::TestHostOptions o;
+  o.slot = slot;
+  o.lease = kLease;
+  o.tick = absl::Milliseconds(2);
   Host h;
-  CXLRT_ASSIGN_OR_RETURN(h.pool, Pool::Open(uri));
-  runtime::AttachOptions ao;
-  ao.host_id = -1;
-  ao.slot = slot;
-  ao.lease = kLease;
-  ao.heartbeat = absl::Milliseconds(40);
-  CXLRT_ASSIGN_OR_RETURN(h.membership, Membership::Attach(*h.pool, ao));
-  allocator::AllocatorOptions aopt;
-  aopt.tick = absl::Milliseconds(2);
-  CXLRT_ASSIGN_OR_RETURN(h.alloc, allocator::Allocator::Open(*h.pool, *h.membership, aopt));
+  CXLRT_ASSIGN_OR_RETURN(static_cast<::cxlrt::testing::TestHost&>(h),
+                         ::cxlrt::testing::AttachTestHost(uri, o));
   CXLRT_ASSIGN_OR_RETURN(h.store, Store::Open(*h.alloc, so));
   return h;
 }

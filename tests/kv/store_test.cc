@@ -15,6 +15,7 @@
 #include "kv/internal/eviction.h"
 #include "kv/internal/store_view.h"
 #include "runtime/membership.h"
+#include "tests/testing/host_util.h"
 #include "tests/testing/test_util.h"
 
 namespace cxlrt::kv {
@@ -27,10 +28,7 @@ using runtime::CoherenceDomain;
 using runtime::Membership;
 using runtime::Pool;
 
-struct Host {
-  std::unique_ptr<Pool> pool;
-  std::unique_ptr<Membership> membership;
-  std::unique_ptr<allocator::Allocator> alloc;
+struct Host : ::cxlrt::testing::TestHost {
   std::unique_ptr<Store> store;
 };
 
@@ -44,26 +42,18 @@ StoreOptions SmallStore() {
   return o;
 }
 
+// A host with the store open; a failed step is a test failure (and leaves
+// the rest null).
 Host OpenHost(const std::string& uri, bool create, StoreOptions so = SmallStore(),
               std::optional<uint32_t> slot = std::nullopt) {
+  ::cxlrt::testing::TestHostOptions o;
+  o.create_pool = create;
+  o.slot = slot;
   Host h;
-  auto pool = create ? Pool::Create(uri) : Pool::Open(uri);
-  EXPECT_TRUE(pool.ok()) << pool.status();
-  if (!pool.ok()) return h;
-  h.pool = std::move(*pool);
-  runtime::AttachOptions ao;
-  ao.host_id = -1;
-  ao.slot = slot;
-  auto m = Membership::Attach(*h.pool, ao);
-  EXPECT_TRUE(m.ok()) << m.status();
-  if (!m.ok()) return h;
-  h.membership = std::move(*m);
-  allocator::AllocatorOptions aopt;
-  aopt.tick = absl::Milliseconds(1);
-  auto a = allocator::Allocator::Open(*h.pool, *h.membership, aopt);
-  EXPECT_TRUE(a.ok()) << a.status();
-  if (!a.ok()) return h;
-  h.alloc = std::move(*a);
+  auto base = ::cxlrt::testing::AttachTestHost(uri, o);
+  EXPECT_TRUE(base.ok()) << base.status();
+  if (!base.ok()) return h;
+  static_cast<::cxlrt::testing::TestHost&>(h) = std::move(*base);
   auto s = Store::Open(*h.alloc, so);
   EXPECT_TRUE(s.ok()) << s.status();
   if (s.ok()) h.store = std::move(*s);
