@@ -791,34 +791,30 @@ void Store::Release(PinSet& pins) {
 
 std::vector<std::pair<uint32_t, uint64_t>> Store::PinnedHere() {
   std::vector<std::pair<uint32_t, uint64_t>> out;
-  auto hosts = membership_.Hosts();
-  if (!hosts.ok()) {
-    // Without the host table no pin can be judged expired: treat every
-    // recorded pin as live (never evict a pinned entry).
-    CXLRT_LOG(kWarning) << "KV eviction cannot read the host table: " << hosts.status();
-  }
   const StoreHeaderLayout& h = view_->h();
   std::vector<PinLayout> pins;
   for (uint32_t p = 0; p < h.hosts; ++p) {
-    const runtime::HostView* v = nullptr;
-    if (hosts.ok()) {
-      for (const auto& hv : *hosts) {
-        if (hv.record.slot == p) v = &hv;
-      }
-      if (!v ||
-          (v->liveness != runtime::Liveness::kAlive && v->liveness != runtime::Liveness::kSelf)) {
-        continue;  // a dead host's pins have expired
-      }
-    }
     uint64_t high = 0;
     c_.Fetch(&high, view_->PartOff(p) + offsetof(PartitionHeaderLayout, pins_high), 8);
     high = std::min<uint64_t>(high, h.pins_per_host);
-    if (high == 0) continue;
+    if (high == 0) continue;  // this host never pinned: no host record to read
+    auto v = membership_.Host(p);
+    if (v.ok() && v->liveness != runtime::Liveness::kAlive &&
+        v->liveness != runtime::Liveness::kSelf) {
+      continue;  // a dead host's pins have expired
+    }
+    if (!v.ok()) {
+      // Without its host record no pin of it can be judged expired: treat
+      // them all as live (never evict a pinned entry).
+      CXLRT_LOG(kWarning) << "KV eviction cannot read host " << p << ": " << v.status();
+    }
     pins.resize(high);
     c_.Fetch(pins.data(), view_->PinOff(p, 0), high * sizeof(PinLayout));
     for (const PinLayout& pin : pins) {
       if (pin.gen == 0 || pin.partition != me_) continue;
-      if (v && (pin.epoch != v->record.epoch || v->record.heartbeat >= pin.expires_beat)) continue;
+      if (v.ok() && (pin.epoch != v->record.epoch || v->record.heartbeat >= pin.expires_beat)) {
+        continue;
+      }
       out.emplace_back(pin.index, pin.gen);
     }
   }
