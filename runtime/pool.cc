@@ -604,6 +604,13 @@ absl::Status Pool::Check(std::vector<std::string>* problems_out) const {
   }
 
   for (uint32_t i = 0; i < host_slots(); ++i) {
+    // The owner line first: an attach writes the control line's epoch
+    // before the owner line's, so on a live pool an owner line read earlier
+    // never names a later epoch than the control line read after it.
+    HostOwnerLineLayout owner;
+    bool zero = false;
+    const bool owner_ok =
+        ReadRecord(*coherence_, OwnerLineOffset(i), &owner, OwnerLineChecksum, &zero);
     auto r = ReadHost(i);
     if (!r.ok()) {
       problems.emplace_back(r.status().message());
@@ -616,9 +623,7 @@ absl::Status Pool::Check(std::vector<std::string>* problems_out) const {
       problems.push_back(absl::StrCat("host slot ", i, " was last changed by slot ", r->changed_by,
                                       ", which does not exist"));
     }
-    HostOwnerLineLayout owner;
-    bool zero = false;
-    if (!ReadRecord(*coherence_, OwnerLineOffset(i), &owner, OwnerLineChecksum, &zero)) {
+    if (!owner_ok) {
       if (r->state == SlotState::kAttached) {
         problems.push_back(absl::StrCat("host slot ", i,
                                         " is attached but its owner line "
