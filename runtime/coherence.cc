@@ -65,7 +65,7 @@ void FlushWith(FlushInstruction f, const void* p, size_t n) {
 // the rest.
 class HardwareCoherence final : public Coherence {
  public:
-  using Coherence::Coherence;
+  HardwareCoherence(uint8_t* base, uint64_t size) : Coherence(base, size) { set_plain_words(); }
   bool RmwAllowedEverywhere() const override { return true; }
   CoherenceDomain domain() const override { return CoherenceDomain::kHardware; }
   void DoWrite(PoolOffset dst, const void* src, size_t n) override { std::memcpy(At(dst), src, n); }

@@ -22,8 +22,10 @@
 // safe from any thread. Implementations must document their own.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -164,6 +166,22 @@ class Coherence {
   void PublishObject(PoolOffset dst, const T& value) {
     Publish(dst, &value, sizeof(T));
   }
+  // Fetch of one aligned 8-byte word, for hot paths that read a few words
+  // another host publishes (a remote free reads four): in the hardware
+  // domain without an access model it is a load after an acquire fence,
+  // with no call through the domain.
+  uint64_t FetchWord(PoolOffset src) {
+    if (plain_words_ && !model_) {
+      CheckRange(src, 8);
+      std::atomic_thread_fence(std::memory_order_acquire);
+      uint64_t v;
+      std::memcpy(&v, At(src), 8);
+      return v;
+    }
+    uint64_t v;
+    Fetch(&v, src, 8);
+    return v;
+  }
   template <typename T>
   T FetchObject(PoolOffset src) {
     T value;
@@ -215,6 +233,9 @@ class Coherence {
   virtual uint64_t DoFetchAdd(PoolOffset off, uint64_t delta);
   virtual bool DoCompareExchange(PoolOffset off, uint64_t& expected, uint64_t desired);
 
+  // Set by a domain whose Fetch is a fence and a load (FetchWord inlines it).
+  void set_plain_words() { plain_words_ = true; }
+
   // Aborts with a message when [off, off+n) is not inside the pool.
   void CheckRange(PoolOffset off, size_t n) const {
     if (off > size_ || n > size_ - off) OutOfRange(off, n);
@@ -237,6 +258,7 @@ class Coherence {
   uint8_t* const base_;
   const uint64_t size_;
   std::unique_ptr<AccessModel> model_;
+  bool plain_words_ = false;
   std::mutex windows_mu_;
   std::vector<std::pair<PoolOffset, uint64_t>> windows_;  // guarded by windows_mu_
 };

@@ -85,6 +85,13 @@ TEST_F(SimulatedTest, AReaderKeepsItsStaleCopyUntilItInvalidates) {
   EXPECT_EQ(ReadU64(hosts_.b(), x), 7u);
 }
 
+TEST_F(SimulatedTest, FetchWordDropsAStaleCopyFirst) {
+  const PoolOffset x = hosts_.heap() + 256;
+  EXPECT_EQ(ReadU64(hosts_.b(), x), 0u);  // b caches the line
+  hosts_.a().Publish(x, "\x05\0\0\0\0\0\0\0", 8);
+  EXPECT_EQ(hosts_.b().FetchWord(x), 5u) << "FetchWord returned b's stale copy";
+}
+
 TEST_F(SimulatedTest, AnUncachedLineIsReadFromThePool) {
   const PoolOffset x = hosts_.heap() + 4096;
   hosts_.a().Publish(x, "\x09\0\0\0\0\0\0\0", 8);

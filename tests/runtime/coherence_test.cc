@@ -73,6 +73,19 @@ TEST_P(CoherenceTest, PublishedBytesAreFetchedBack) {
   EXPECT_EQ(back, data);
 }
 
+TEST_P(CoherenceTest, FetchWordReadsWhatWasPublished) {
+  Coherence& c = pool_->coherence();
+  for (uint64_t k = 0; k < 16; ++k) {
+    const uint64_t v = 0x0123456789abcdefULL * (k + 1);
+    c.Publish(heap_ + k * 8, &v, 8);
+  }
+  for (uint64_t k = 0; k < 16; ++k) {
+    EXPECT_EQ(c.FetchWord(heap_ + k * 8), 0x0123456789abcdefULL * (k + 1));
+  }
+  // Its inline path checks the range like every other access.
+  EXPECT_DEATH(c.FetchWord(c.size() - 4), "outside the pool");
+}
+
 TEST_P(CoherenceTest, BulkCopiesRoundTripAtEverySize) {
   Coherence& c = pool_->coherence();
   std::vector<uint8_t> data(1 << 20);
