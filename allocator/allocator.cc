@@ -148,7 +148,30 @@ absl::Status Allocator::Unusable() {
                                          ": its allocator may not write the pool"));
 }
 
+inline void Allocator::SetState(PoolOffset off, uint32_t cls, BlockState st) {
+  arena_->StateByte(off, cls).store(static_cast<uint8_t>(st), std::memory_order_relaxed);
+}
+
 absl::StatusOr<PoolOffset> Allocator::Allocate(uint64_t size, const AllocOptions& options) {
+  // The fast path: a small private block from this thread's cache (sizes
+  // 1..kMaxSmallSize, alignment 64 or less, no device). Everything else,
+  // and an empty cache, goes the slow way.
+  if (size - 1 < kMaxSmallSize && options.alignment <= 64 && !options.durable &&
+      options.device < 0 && Usable()) {
+    const uint32_t cls = PlainClassFor(size);
+    ThreadCache::Bin& bin = MyCache().bins[cls];
+    const uint32_t n = bin.count.load(std::memory_order_relaxed);
+    if (n > 0) [[likely]] {
+      const PoolOffset off = bin.blocks[n - 1];
+      bin.count.store(n - 1, std::memory_order_relaxed);
+      SetState(off, cls, BlockState::kUser);
+      return off;
+    }
+  }
+  return AllocateSlow(size, options);
+}
+
+absl::StatusOr<PoolOffset> Allocator::AllocateSlow(uint64_t size, const AllocOptions& options) {
   if (size == 0) return absl::InvalidArgumentError("cannot allocate 0 bytes");
   uint64_t alignment = std::max<uint64_t>(options.alignment, 64);
   if ((alignment & (alignment - 1)) != 0) {
@@ -165,7 +188,7 @@ absl::StatusOr<PoolOffset> Allocator::Allocate(uint64_t size, const AllocOptions
   }
   if (options.device >= 0) return AllocateOnDevice(size, alignment, options);
   if (!options.durable && alignment == 64 && size <= kMaxSmallSize && Usable()) {
-    // The fast path: a block from this thread's cache.
+    // The thread's cache bin is empty: refill it from the arena.
     const uint32_t cls = PlainClassFor(size);
     ThreadCache& tc = MyCache();
     ThreadCache::Bin& bin = tc.bins[cls];
@@ -200,10 +223,6 @@ absl::StatusOr<PoolOffset> Allocator::AllocateOnDevice(uint64_t size, uint64_t a
   std::lock_guard<std::mutex> lock(mu_);
   CXLRT_RETURN_IF_ERROR(CheckUsable());
   return arena_->AllocateIn(size, alignment, options.durable, pool_lock_, begin, end);
-}
-
-void Allocator::SetState(PoolOffset off, uint32_t cls, BlockState st) {
-  arena_->StateByte(off, cls).store(static_cast<uint8_t>(st), std::memory_order_relaxed);
 }
 
 absl::Status Allocator::CommitDurable(PoolOffset block, PoolOffset word, uint64_t value) {
@@ -253,41 +272,63 @@ absl::Status Allocator::ChangeWithWord(RedoKind kind, PoolOffset block, PoolOffs
   return absl::OkStatus();
 }
 
+inline std::atomic<uint8_t>* Allocator::CachedState(PoolOffset offset, uint32_t* cls) const {
+  const HeapMeta* meta = meta_.get();
+  const auto seg = meta != nullptr ? meta->SegmentOf(offset) : std::nullopt;
+  if (!seg) return nullptr;
+  const SlabView& view = arena_->View(*seg);
+  const uint32_t cls1 = view.cls1.load(std::memory_order_acquire);
+  const uint64_t rel = offset - meta->SegOffset(*seg) - kSegmentHeaderSize;  // wraps below
+  if (cls1 == 0 || rel >= kSegmentSize) return nullptr;
+  const uint64_t b = BlockIndex(rel, cls1 - 1);
+  if (b * kClassSizes[cls1 - 1] != rel || b >= SlabBlocks(cls1 - 1)) return nullptr;
+  *cls = cls1 - 1;
+  return &view.state.load(std::memory_order_acquire)[b];
+}
+
 absl::Status Allocator::Free(PoolOffset offset) {
-  const auto seg = meta_ ? meta_->SegmentOf(offset) : std::nullopt;
-  if (seg && Usable()) {
-    // The fast path: a private block of this arena's slabs that a cached
-    // path handed out goes into this thread's cache.
-    const SlabView& view = arena_->View(*seg);
-    const uint32_t cls1 = view.cls1.load(std::memory_order_acquire);
-    const uint64_t in_seg = offset - meta_->SegOffset(*seg);
-    if (cls1 != 0 && in_seg >= kSegmentHeaderSize) {
-      const uint32_t cls = cls1 - 1;
-      const uint64_t rel = in_seg - kSegmentHeaderSize;
-      const uint64_t b = BlockIndex(rel, cls);
-      if (b * kClassSizes[cls] == rel && b < SlabBlocks(cls)) {
-        std::atomic<uint8_t>& state = view.state.load(std::memory_order_acquire)[b];
-        const auto st = static_cast<BlockState>(state.load(std::memory_order_relaxed));
-        if (st == BlockState::kThreadCache) {
-          return absl::FailedPreconditionError(
-              absl::StrCat("double free: the block at 0x", absl::Hex(offset), " (",
-                           kClassSizes[cls], " bytes) is not allocated"));
-        }
-        if (st == BlockState::kUser) {
-          ThreadCache& tc = MyCache();
-          ThreadCache::Bin& bin = tc.bins[cls];
-          uint32_t n = bin.count.load(std::memory_order_relaxed);
-          if (n == bin.capacity) {
-            std::lock_guard<std::mutex> lock(mu_);
-            ReturnBlocks(tc, cls, n / 2);
-            n = bin.count.load(std::memory_order_relaxed);
-          }
-          state.store(static_cast<uint8_t>(BlockState::kThreadCache), std::memory_order_relaxed);
-          bin.blocks[n] = offset;
-          bin.count.store(n + 1, std::memory_order_relaxed);
-          return absl::OkStatus();
-        }
+  // The fast path: a block of this arena's slabs that a cached path handed
+  // out goes into this thread's cache, unless the cache bin is full.
+  uint32_t cls;
+  std::atomic<uint8_t>* state = CachedState(offset, &cls);
+  if (state != nullptr && Usable()) {
+    ThreadCache::Bin& bin = MyCache().bins[cls];
+    const uint32_t n = bin.count.load(std::memory_order_relaxed);
+    if (state->load(std::memory_order_relaxed) == static_cast<uint8_t>(BlockState::kUser) &&
+        n < bin.capacity) [[likely]] {
+      state->store(static_cast<uint8_t>(BlockState::kThreadCache), std::memory_order_relaxed);
+      bin.blocks[n] = offset;
+      bin.count.store(n + 1, std::memory_order_relaxed);
+      return absl::OkStatus();
+    }
+  }
+  return FreeSlow(offset);
+}
+
+absl::Status Allocator::FreeSlow(PoolOffset offset) {
+  uint32_t cls;
+  std::atomic<uint8_t>* state = CachedState(offset, &cls);
+  if (state != nullptr && Usable()) {
+    const auto st = static_cast<BlockState>(state->load(std::memory_order_relaxed));
+    if (st == BlockState::kThreadCache) {
+      return absl::FailedPreconditionError(absl::StrCat("double free: the block at 0x",
+                                                        absl::Hex(offset), " (", kClassSizes[cls],
+                                                        " bytes) is not allocated"));
+    }
+    if (st == BlockState::kUser) {
+      // This thread's cache bin is full: half of it goes back to the arena.
+      ThreadCache& tc = MyCache();
+      ThreadCache::Bin& bin = tc.bins[cls];
+      uint32_t n = bin.count.load(std::memory_order_relaxed);
+      if (n == bin.capacity) {
+        std::lock_guard<std::mutex> lock(mu_);
+        ReturnBlocks(tc, cls, n / 2);
+        n = bin.count.load(std::memory_order_relaxed);
       }
+      state->store(static_cast<uint8_t>(BlockState::kThreadCache), std::memory_order_relaxed);
+      bin.blocks[n] = offset;
+      bin.count.store(n + 1, std::memory_order_relaxed);
+      return absl::OkStatus();
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -386,12 +427,13 @@ absl::Status Allocator::RemoteFree(PoolOffset off, bool allow_named) {
   // one last read whole and checksummed (every change bumps the generation);
   // otherwise the whole entry is read and verified.
   SegmentEntryLayout e;
-  constexpr size_t kPrefix = offsetof(SegmentEntryLayout, block_size);
-  static_assert(kPrefix == 32);
+  constexpr size_t kPrefixWords = offsetof(SegmentEntryLayout, block_size) / 8;
+  static_assert(kPrefixWords == 4);
   SeenEntry& seen = seen_[*index];
-  uint8_t prefix[kPrefix];
-  c.Fetch(prefix, meta.EntryOffset(*index), kPrefix);
-  if (seen.valid && std::memcmp(prefix, &seen.entry, kPrefix) == 0) {
+  uint64_t prefix[kPrefixWords];
+  for (size_t w = 0; w < kPrefixWords; ++w)
+    prefix[w] = c.FetchWord(meta.EntryOffset(*index) + w * 8);
+  if (seen.valid && std::memcmp(prefix, &seen.entry, sizeof(prefix)) == 0) {
     e = seen.entry;
   } else {
     CXLRT_ASSIGN_OR_RETURN(e, meta.ReadEntry(*index));
@@ -403,17 +445,15 @@ absl::Status Allocator::RemoteFree(PoolOffset off, bool allow_named) {
   switch (state) {
     case SegmentState::kSlab: {
       const uint64_t bs = kClassSizes[e.size_class];
-      const uint64_t rel = off - base;
-      if (rel < kSegmentHeaderSize || (rel - kSegmentHeaderSize) % bs != 0 ||
-          (rel - kSegmentHeaderSize) / bs >= SlabBlocks(e.size_class)) {
+      const uint64_t rel = off - base - kSegmentHeaderSize;  // wraps below the blocks
+      const uint64_t b = BlockIndex(rel, e.size_class);      // a multiply, not a division
+      if (rel >= kSegmentSize || b * bs != rel || b >= SlabBlocks(e.size_class)) {
         return absl::InvalidArgumentError(absl::StrCat("pool offset 0x", absl::Hex(off),
                                                        " is not the start of a block (blocks of ",
                                                        bs, " bytes)"));
       }
-      const uint64_t b = (rel - kSegmentHeaderSize) / bs;
-      uint64_t words[2];
-      c.Fetch(&words[0], base + kAllocBitmapOffset + b / 64 * 8, 8);
-      c.Fetch(&words[1], base + kDurableBitmapOffset + b / 64 * 8, 8);
+      const uint64_t words[2] = {c.FetchWord(base + kAllocBitmapOffset + b / 64 * 8),
+                                 c.FetchWord(base + kDurableBitmapOffset + b / 64 * 8)};
       if (!((words[0] >> (b % 64)) & 1)) {
         return absl::FailedPreconditionError(absl::StrCat("double free: the block at 0x",
                                                           absl::Hex(off), " of host ", e.owner,
@@ -462,18 +502,28 @@ absl::Status Allocator::RemoteFree(PoolOffset off, bool allow_named) {
     }
   }
   const uint32_t owner = e.owner;
-  uint64_t owner_epoch = 0;
-  c.Fetch(&owner_epoch, meta.ArenaOffset(owner) + offsetof(ArenaLayout, owner_epoch), 8);
-  const RingEntryLayout entry = {off | (durable ? kRingEntryDurable : 0), owner_epoch};
-  if (owner_epoch == 0) return FreeInUnownedArena(owner, {entry});
+  const uint64_t owner_epoch =
+      c.FetchWord(meta.ArenaOffset(owner) + offsetof(ArenaLayout, owner_epoch));
+  const uint64_t tagged = off | (durable ? kRingEntryDurable : 0);
+  if (owner_epoch == 0) return FreeInUnownedArena(owner, {{tagged, owner_epoch}});
   // Frees travel in batches (one flush and one head store for many); the
   // tick pushes a partial batch within a tick period.
-  pending_[owner].push_back(entry);
+  PendingFrees& q = pending_[owner];
+  if (q.epoch != owner_epoch) q.Retag(owner_epoch);
+  if (!q.offsets.Push(tagged)) {
+    return absl::ResourceExhaustedError(absl::StrCat("no memory to queue a free for host ", owner,
+                                                     " (", q.offsets.size(), " queued)"));
+  }
   // Every kPushBatch-th queued free tries a push: when the owner's ring is
   // full the queue keeps growing, and a push attempt per free (two reads of
   // the owner's lines) would cost more than the free itself.
-  if (pending_[owner].size() % kPushBatch == 0) PushPending(owner);
+  if (q.offsets.size() % kPushBatch == 0) PushPending(owner);
   return absl::OkStatus();
+}
+
+void Allocator::PendingFrees::Retag(uint64_t e) {
+  offsets.EraseIf([](uint64_t o) { return !(o & kRingEntryDurable); });
+  epoch = e;
 }
 
 absl::Status Allocator::FreeInUnownedArena(uint32_t owner,
@@ -487,7 +537,14 @@ absl::Status Allocator::FreeInUnownedArena(uint32_t owner,
     for (const RingEntryLayout& e : entries) {
       const bool durable = e.offset & kRingEntryDurable;
       if (other.owner_epoch() != 0) {  // owned again meanwhile: use the ring
-        if (durable || e.owner_epoch == other.owner_epoch()) pending_[owner].push_back(e);
+        if (durable || e.owner_epoch == other.owner_epoch()) {
+          PendingFrees& q = pending_[owner];
+          if (q.epoch != other.owner_epoch()) q.Retag(other.owner_epoch());
+          if (!q.offsets.Push(e.offset)) {
+            CXLRT_LOG(kError) << "no memory to queue a free for host " << owner << ": block 0x"
+                              << std::hex << e.offset << std::dec << " stays allocated";
+          }
+        }
         continue;
       }
       absl::Status st = other.Free(e.offset & ~kRingEntryDurable, true, kHeld);
@@ -499,8 +556,8 @@ absl::Status Allocator::FreeInUnownedArena(uint32_t owner,
 }
 
 void Allocator::PushPending(uint32_t owner) {
-  auto& q = pending_[owner];
-  if (q.empty()) return;
+  PendingFrees& q = pending_[owner];
+  if (q.offsets.empty()) return;
   const HeapMeta& meta = *meta_;
   runtime::Coherence& c = pool_.coherence();
   const uint32_t cap = header_.ring_capacity;
@@ -510,10 +567,10 @@ void Allocator::PushPending(uint32_t owner) {
   c.Fetch(&owner_epoch, meta.ArenaOffset(owner) + offsetof(ArenaLayout, owner_epoch), 8);
   if (owner_epoch == 0) {
     std::vector<RingEntryLayout> durable;
-    for (const RingEntryLayout& e : q) {
-      if (e.offset & kRingEntryDurable) durable.push_back(e);
+    for (size_t k = 0; k < q.offsets.size(); ++k) {
+      if (q.offsets[k] & kRingEntryDurable) durable.push_back({q.offsets[k], q.epoch});
     }
-    q.clear();
+    q.offsets.PopFront(q.offsets.size());
     if (!durable.empty()) {
       absl::Status st = FreeInUnownedArena(owner, durable);
       if (!st.ok()) {
@@ -522,13 +579,11 @@ void Allocator::PushPending(uint32_t owner) {
     }
     return;
   }
-  // Entries are queued with the epoch seen at the time; only when the owner
-  // has changed since are stale private ones dropped (a rare, linear pass).
-  if (q.front().owner_epoch != owner_epoch || q.back().owner_epoch != owner_epoch) {
-    std::erase_if(q, [&](const RingEntryLayout& e) {
-      return !(e.offset & kRingEntryDurable) && e.owner_epoch != owner_epoch;
-    });
-    if (q.empty()) return;
+  // Only when the owner has changed since the frees were queued are the
+  // private ones dropped (a rare, linear pass).
+  if (q.epoch != owner_epoch) {
+    q.Retag(owner_epoch);
+    if (q.offsets.empty()) return;
   }
   const uint64_t tail = c.LoadFlag(meta.TailOffset(owner, slot_));
   uint64_t& head = my_heads_[owner];
@@ -537,7 +592,7 @@ void Allocator::PushPending(uint32_t owner) {
                       << " is corrupt (head " << head << ", tail " << tail << ")";
     return;
   }
-  const uint64_t n = std::min<uint64_t>(cap - (head - tail), q.size());
+  const uint64_t n = std::min<uint64_t>(cap - (head - tail), q.offsets.size());
   if (n == 0) return;
   // Entries in at most two contiguous pieces (the ring wraps), each written
   // and flushed once; then the head.
@@ -548,7 +603,7 @@ void Allocator::PushPending(uint32_t owner) {
     RingEntryLayout batch[64];
     for (uint64_t k = 0; k < run;) {
       const uint64_t m = std::min<uint64_t>(64, run - k);
-      for (uint64_t j = 0; j < m; ++j) batch[j] = q[done + k + j];
+      for (uint64_t j = 0; j < m; ++j) batch[j] = {q.offsets[done + k + j], q.epoch};
       c.Write(ring + (at + k) * sizeof(RingEntryLayout), batch, m * sizeof(RingEntryLayout));
       k += m;
     }
@@ -558,7 +613,7 @@ void Allocator::PushPending(uint32_t owner) {
   CXLRT_FAULT_POINT("alloc.remote_free.after_entry");
   head += n;
   c.StoreFlag(meta.HeadOffset(slot_, owner), head);
-  q.erase(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(n));
+  q.offsets.PopFront(n);
 }
 
 absl::Status Allocator::DrainRings() {
@@ -713,7 +768,7 @@ absl::Status Allocator::Close() {
     bool left = false;
     for (uint32_t o = 0; o < pending_.size(); ++o) {
       PushPending(o);
-      left |= !pending_[o].empty();
+      left |= !pending_[o].offsets.empty();
     }
     if (!left) break;
     if (attempt == 99) {

@@ -24,7 +24,6 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -37,6 +36,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "allocator/allocator_layout.h"
+#include "allocator/internal/free_queue.h"
 #include "allocator/pool_ptr.h"
 #include "runtime/membership.h"
 #include "runtime/pool.h"
@@ -221,6 +221,15 @@ class Allocator {
                                               const AllocOptions& options);
   // Sets the state byte of cached-path block `off` of class `cls` (lock-free).
   void SetState(PoolOffset off, uint32_t cls, allocator_internal::BlockState st);
+  // The state byte of `offset` when it starts a block of one of this
+  // arena's slabs that the thread caches serve (its class in `cls`), else
+  // nullptr. Lock-free.
+  std::atomic<uint8_t>* CachedState(PoolOffset offset, uint32_t* cls) const;
+  // Allocate and Free past their fast paths (kept out of line so that the
+  // fast paths stay small).
+  [[gnu::noinline]] absl::StatusOr<PoolOffset> AllocateSlow(uint64_t size,
+                                                            const AllocOptions& options);
+  [[gnu::noinline]] absl::Status FreeSlow(PoolOffset offset);
   // The calling thread's cache (made on first use).
   allocator_internal::ThreadCache& MyCache();
   // Fills the empty cache bin of class `cls` from the arena. REQUIRES: mu_.
@@ -256,8 +265,19 @@ class Allocator {
   std::vector<uint64_t> my_heads_;                         // guarded by mu_: head of ring (me, o)
   std::vector<uint64_t> my_tails_;                         // guarded by mu_: tail of ring (p, me)
   uint64_t refills_ = 0;                                   // guarded by mu_
-  std::vector<std::deque<RingEntryLayout>> pending_;  // guarded by mu_: frees queued for owner o
-  std::atomic<bool> closed_{false};                   // written under mu_
+  // Frees queued for one owner before they go into its ring: block offsets
+  // (| kRingEntryDurable), all meant for the owner's incarnation `epoch`.
+  struct PendingFrees {
+    uint64_t epoch = 0;
+    allocator_internal::FreeQueue offsets;
+
+    // The owner's incarnation is now `e`: private frees queued for the one
+    // before are moot (its private blocks were reclaimed with it) and are
+    // dropped; durable ones stay, for whoever holds the block now.
+    void Retag(uint64_t e);
+  };
+  std::vector<PendingFrees> pending_;  // guarded by mu_: frees queued for owner o
+  std::atomic<bool> closed_{false};    // written under mu_
   // Segment entries last read whole and verified, for remote frees.
   struct SeenEntry {
     SegmentEntryLayout entry;

@@ -302,6 +302,59 @@ TEST_P(AllocatorTest, AnotherHostsFreeTravelsThroughTheRingToTheOwner) {
   ExpectAuditClean(*a_.pool);
 }
 
+TEST_P(AllocatorTest, FreesQueuedForAnOwnerThatRestartedDropOnlyItsPrivateBlocks) {
+  // Host b's blocks, freed by host a faster than b's ring takes them: most
+  // wait in a's queue. Then b closes and its slot's next host takes over
+  // (a new epoch) and allocates again, likely the very blocks b had. a's
+  // queued frees of b's private blocks are moot (b's private blocks went
+  // with it) and must not free the new host's; the durable ones still
+  // apply.
+  Host b = Second();
+  ASSERT_NE(b.alloc, nullptr);
+  const uint32_t slot = b.membership->slot();
+  std::vector<PoolOffset> blocks;
+  for (int i = 0; i < 3000; ++i) {
+    auto off = b.alloc->Allocate(256);
+    ASSERT_TRUE(off.ok()) << off.status();
+    blocks.push_back(*off);
+  }
+  uint64_t durable_bytes = 0;
+  for (int i = 0; i < 50; ++i) {
+    auto off = b.alloc->Allocate(4096, {.durable = true});
+    ASSERT_TRUE(off.ok()) << off.status();
+    blocks.push_back(*off);
+    durable_bytes += 4096;
+  }
+  for (PoolOffset off : blocks) CXLRT_ASSERT_OK(a_.alloc->Free(off));
+  // b closes: what sits in its ring is applied, its private blocks reclaimed.
+  b.alloc.reset();
+  b.membership.reset();
+  b.pool.reset();
+  Host b2 = Second();
+  ASSERT_NE(b2.alloc, nullptr);
+  ASSERT_EQ(b2.membership->slot(), slot);
+  std::vector<PoolOffset> mine;
+  for (int i = 0; i < 3000; ++i) {
+    auto off = b2.alloc->Allocate(256);
+    ASSERT_TRUE(off.ok()) << off.status();
+    Fill(*b2.pool, *off, 256);
+    mine.push_back(*off);
+  }
+  for (int i = 0; i < 10; ++i) {
+    CXLRT_ASSERT_OK(a_.alloc->Tick());
+    CXLRT_ASSERT_OK(b2.alloc->Tick());
+  }
+  const HostStats st = b2.alloc->LocalStats();
+  EXPECT_EQ(st.rejected_frees, 0u) << "a free meant for the previous incarnation reached b2";
+  EXPECT_EQ(st.durable_bytes, 0u) << "the durable blocks' frees were lost";
+  EXPECT_EQ(st.bytes_in_use, 3000u * 256) << "b2's own blocks were freed under it";
+  for (PoolOffset off : mine) {
+    EXPECT_TRUE(Check(*b2.pool, off, 256));
+    CXLRT_EXPECT_OK(b2.alloc->Free(off));
+  }
+  ExpectAuditClean(*a_.pool);
+}
+
 TEST_P(AllocatorTest, ManyCrossHostFreesComeBackAndAreReused) {
   Host b = Second();
   ASSERT_NE(b.alloc, nullptr);
