@@ -1,8 +1,8 @@
 // `cxlrt bench alloc`: allocate+free pairs per second of the pooled
 // allocator for sizes 64 B to 1 MiB, on one host and on two hosts at once,
 // and cross-host frees per second (one host allocates, another frees),
-// beside glibc malloc (and mimalloc when built with it) measured in the same
-// run. Makes its own pool (hardware domain) and destroys it after.
+// beside glibc malloc (and mimalloc when installed) measured in the same
+// process. Makes its own pool (hardware domain) and destroys it after.
 #pragma once
 
 #include <cstdint>

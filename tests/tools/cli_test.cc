@@ -249,9 +249,18 @@ TEST(CliTest, BenchAllocComparesWithGlibcAndMeasuresCrossHostFrees) {
   ASSERT_EQ(r.code, 0) << r.out;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_GT(j["memcpy_gbps"].get<double>(), 0);
+  // The glibc column measures glibc: nothing in the binary replaces malloc
+  // (a linked libmimalloc would).
+  EXPECT_EQ(j["malloc_provider"], "libc.so.6");
+  const bool have_mimalloc = std::filesystem::exists("/usr/lib/x86_64-linux-gnu/libmimalloc.so.2");
   ASSERT_EQ(j["results"].size(), 2u);
   for (const auto& row : j["results"]) {
     EXPECT_GT(row["glibc_pairs_per_s"].get<double>(), 0) << row;
+    if (have_mimalloc) {
+      EXPECT_GT(row["mimalloc_pairs_per_s"].get<double>(), 0) << row;
+    }
+    EXPECT_GT(row["cxlrt_cross_thread_frees_per_s"].get<double>(), 0) << row;
+    EXPECT_GT(row["cross_host_vs_cross_thread"].get<double>(), 0) << row;
     EXPECT_GT(row["cxlrt_local_pairs_per_s"].get<double>(), 0) << row;
     EXPECT_GT(row["cxlrt_two_hosts_pairs_per_s"].get<double>(), 0) << row;
     EXPECT_GT(row["cxlrt_cross_host_frees_per_s"].get<double>(), 0) << row;
