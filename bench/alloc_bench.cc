@@ -435,10 +435,11 @@ int RunAllocBench(const AllocBenchOptions& o) {
     r.cross_host = Summarize(cross).median;
     r.cross_thread = Summarize(threads).median;
     r.cross_vs_thread = Summarize(cross_ratio).median;
-    // Two lists (the remote and the local one) of at most a quarter of the
-    // pool and a million blocks each.
+    // Two lists (the remote and the local one) of at most an eighth of the
+    // pool (a block above 256 KiB takes up to twice its size: whole 2 MiB
+    // segments) and a million blocks each.
     const uint64_t nr = std::clamp<uint64_t>(
-        std::min<uint64_t>(n, (*scratch)->pool().size() / 4 / std::max<uint64_t>(size, 64)), 16,
+        std::min<uint64_t>(n, (*scratch)->pool().size() / 8 / std::max<uint64_t>(size, 64)), 16,
         1 << 20);
     // Remote and local frees measured in the same process, in turn; their
     // ratio is the median of each run's.

@@ -144,7 +144,8 @@ int main(int argc, char** argv) {
   CLI::App* bench_alloc = bench->add_subcommand(
       "alloc",
       "Allocate+free pairs per second of the pooled allocator (64 B - 1 MiB; one host, two "
-      "hosts, cross-host frees) beside glibc malloc and mimalloc. Makes its own pool");
+      "hosts) beside glibc malloc and mimalloc, and frees across threads and hosts (handoffs, "
+      "local and remote list frees). Makes its own pool");
   bench_alloc->add_option("--pool", alloc_uri,
                           "URI of a pool to create (default emu://bench-alloc-PID?size=1G)");
   bench_alloc->add_option("--reps", alloc_reps, "Repetitions (medians)")->check(CLI::Range(1, 100));
