@@ -258,6 +258,7 @@ absl::Status ArenaState::Load() {
   segs_.clear();
   segs_.resize(h.segment_count);
   for (auto& v : class_segs_) v.clear();
+  page_segs_.clear();
   for (auto& v : cache_) v.clear();
 
   std::vector<SegmentEntryLayout> entries(h.segment_count);
@@ -322,6 +323,7 @@ absl::Status ArenaState::Load() {
       }
       s->handed = s->alloc;
       if (state == SegmentState::kSlab) class_segs_[s->cls].push_back(i);
+      if (state == SegmentState::kPages) page_segs_.push_back(i);
     } else if (state == SegmentState::kHugeHead) {
       s->run_length = e.run_length;
       s->huge_bytes = e.block_size;
@@ -507,6 +509,7 @@ absl::StatusOr<ArenaState::Segment*> ArenaState::Claim(SegmentState state, uint3
       hdr.checksum = SegmentHeaderChecksum(hdr);
       meta_.c().PublishObject(base, hdr);
       if (state == SegmentState::kSlab) class_segs_[cls].push_back(i);
+      if (state == SegmentState::kPages) page_segs_.push_back(i);
       claimed = s.get();
       segs_[i] = std::move(s);
       ShowSlab(*claimed);
@@ -529,8 +532,8 @@ void ArenaState::ReleaseLocked(Segment& s) {
     f.generation = (e.ok() ? e->generation : 0) + 1;
     meta_.WriteEntry(s.index + k, f);
   }
-  if (s.state == SegmentState::kSlab) {
-    auto& v = class_segs_[s.cls];
+  if (s.state == SegmentState::kSlab || s.state == SegmentState::kPages) {
+    auto& v = s.state == SegmentState::kSlab ? class_segs_[s.cls] : page_segs_;
     v.erase(std::remove(v.begin(), v.end(), s.index), v.end());
   }
   HideSlab(s.index);
@@ -545,10 +548,9 @@ absl::Status ArenaState::ReleaseIfEmpty(Segment& s, const LockRunner& lock) {
     // claims and releases take the pool lock, and a host whose blocks come
     // back from other hosts would otherwise claim and release in a loop.
     int empty_of_kind = 0;
-    for (const auto& o : segs_) {
-      if (!o || o->state != s.state || (s.state == SegmentState::kSlab && o->cls != s.cls))
-        continue;
-      empty_of_kind += o->state == SegmentState::kPages ? o->alloc_count <= 1 : o->alloc_count == 0;
+    for (uint32_t i : s.state == SegmentState::kSlab ? class_segs_[s.cls] : page_segs_) {
+      const Segment& o = *segs_[i];
+      empty_of_kind += o.state == SegmentState::kPages ? o.alloc_count <= 1 : o.alloc_count == 0;
     }
     if (empty_of_kind <= 2) return absl::OkStatus();
   }
@@ -674,9 +676,10 @@ absl::StatusOr<PoolOffset> ArenaState::AllocPages(uint32_t pages, bool durable,
   Segment* seg = nullptr;
   int page = -1;
   auto look = [&] {
-    for (auto& s : segs_) {
-      if (s && s->state == SegmentState::kPages && s->valid && (page = find(*s)) >= 0) {
-        seg = s.get();
+    for (uint32_t i : page_segs_) {
+      Segment& s = *segs_[i];
+      if (s.valid && (page = find(s)) >= 0) {
+        seg = &s;
         return;
       }
     }

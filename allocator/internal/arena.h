@@ -288,6 +288,7 @@ class ArenaState {
   bool publish_counters_ = false;               // the current batch publishes the counters
   std::vector<std::unique_ptr<Segment>> segs_;  // by segment index; null: not this arena's
   std::array<std::vector<uint32_t>, allocator::kNumClasses> class_segs_;
+  std::vector<uint32_t> page_segs_;  // the page segments, as class_segs_ the slabs
   std::array<std::vector<PoolOffset>, allocator::kNumClasses> cache_;
   std::array<allocator::ClassStats, allocator::kNumClasses> counts_{};
   std::array<uint64_t, allocator::kNumClasses> thread_cached_{};
