@@ -20,6 +20,8 @@ namespace {
 constexpr FaultPointInfo kFaultPoints[] = {
     {"pool.create.before_magic",
      "the new pool's header body is published (corrupt: damages it); its magic is not"},
+    {"pool.check.between_lines",
+     "a pool check read a host slot's owner line; its control line is not read yet"},
     {"coherence.publish",
      "a Publish() wrote and flushed its range (corrupt: damages its last byte)"},
     {"bakery.after_choosing", "the bakery ticket says choosing; no number taken yet"},

@@ -611,6 +611,7 @@ absl::Status Pool::Check(std::vector<std::string>* problems_out) const {
     bool zero = false;
     const bool owner_ok =
         ReadRecord(*coherence_, OwnerLineOffset(i), &owner, OwnerLineChecksum, &zero);
+    CXLRT_FAULT_POINT("pool.check.between_lines");
     auto r = ReadHost(i);
     if (!r.ok()) {
       problems.emplace_back(r.status().message());
