@@ -232,6 +232,9 @@ class Allocator {
   [[gnu::noinline]] absl::Status FreeSlow(PoolOffset offset);
   // The calling thread's cache (made on first use).
   allocator_internal::ThreadCache& MyCache();
+  // Takes mu_ for a batch move between a thread cache and the arena:
+  // spins up to 4 us before it sleeps.
+  void LockForBatch();
   // Fills the empty cache bin of class `cls` from the arena. REQUIRES: mu_.
   absl::Status RefillBin(allocator_internal::ThreadCache& tc, uint32_t cls);
   // Takes back what other hosts freed (on every refill). REQUIRES: mu_.
