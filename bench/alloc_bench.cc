@@ -442,9 +442,11 @@ int RunAllocBench(const AllocBenchOptions& o) {
         std::min<uint64_t>(n, (*scratch)->pool().size() / 8 / std::max<uint64_t>(size, 64)), 16,
         1 << 20);
     // Remote and local frees measured in the same process, in turn; their
-    // ratio is the median of each run's.
+    // ratio is the median of each run's. At least three runs: a list of
+    // large blocks is short (32768 of 4 KiB take about 2 ms), so one tick
+    // or descheduling moves a single run a lot.
     std::vector<double> remote, local, ratio;
-    for (int k = 0; k < std::max(1, o.reps / 2); ++k) {
+    for (int k = 0; k < std::max(3, o.reps); ++k) {
       const FreeRates f = RemoteAndLocalFrees(open_uri, size, nr, k);
       remote.push_back(f.remote);
       local.push_back(f.local);
