@@ -154,23 +154,45 @@ inline void Allocator::SetState(PoolOffset off, uint32_t cls, BlockState st) {
   arena_->StateByte(off, cls).store(static_cast<uint8_t>(st), std::memory_order_relaxed);
 }
 
+inline PoolOffset Allocator::TakeCached(ThreadCache& tc, uint32_t cls) {
+  ThreadCache::Bin& bin = tc.bins[cls];
+  const uint32_t n = bin.count.load(std::memory_order_relaxed);
+  const PoolOffset off = bin.blocks[n - 1];
+  bin.count.store(n - 1, std::memory_order_relaxed);
+  SetState(off, cls, BlockState::kUser);
+  return off;
+}
+
+inline void Allocator::PutCached(ThreadCache& tc, uint32_t cls, std::atomic<uint8_t>& state,
+                                 PoolOffset off) {
+  ThreadCache::Bin& bin = tc.bins[cls];
+  const uint32_t n = bin.count.load(std::memory_order_relaxed);
+  state.store(static_cast<uint8_t>(BlockState::kThreadCache), std::memory_order_relaxed);
+  bin.blocks[n] = off;
+  bin.count.store(n + 1, std::memory_order_relaxed);
+}
+
 absl::StatusOr<PoolOffset> Allocator::Allocate(uint64_t size, const AllocOptions& options) {
-  // The fast path: a small private block from this thread's cache (sizes
-  // 1..kMaxSmallSize, alignment 64 or less, no device). Everything else,
-  // and an empty cache, goes the slow way.
+  // The cached path: a small private block from this thread's cache (sizes
+  // 1..kMaxSmallSize, alignment 64 or less, no device), refilled from the
+  // arena when empty. Everything else goes the slow way.
   if (size - 1 < kMaxSmallSize && options.alignment <= 64 && !options.durable &&
       options.device < 0 && Usable()) {
     const uint32_t cls = PlainClassFor(size);
-    ThreadCache::Bin& bin = MyCache().bins[cls];
-    const uint32_t n = bin.count.load(std::memory_order_relaxed);
-    if (n > 0) [[likely]] {
-      const PoolOffset off = bin.blocks[n - 1];
-      bin.count.store(n - 1, std::memory_order_relaxed);
-      SetState(off, cls, BlockState::kUser);
-      return off;
+    ThreadCache& tc = MyCache();
+    if (tc.bins[cls].count.load(std::memory_order_relaxed) > 0) [[likely]] {
+      return TakeCached(tc, cls);
     }
+    return RefillAndTake(tc, cls);
   }
   return AllocateSlow(size, options);
+}
+
+absl::StatusOr<PoolOffset> Allocator::RefillAndTake(ThreadCache& tc, uint32_t cls) {
+  LockForBatch();
+  std::lock_guard<std::mutex> lock(mu_, std::adopt_lock);
+  CXLRT_RETURN_IF_ERROR(RefillBin(tc, cls));
+  return TakeCached(tc, cls);
 }
 
 absl::StatusOr<PoolOffset> Allocator::AllocateSlow(uint64_t size, const AllocOptions& options) {
@@ -189,23 +211,6 @@ absl::StatusOr<PoolOffset> Allocator::AllocateSlow(uint64_t size, const AllocOpt
     return absl::InvalidArgumentError(absl::StrCat("alignment ", alignment, " exceeds the heap"));
   }
   if (options.device >= 0) return AllocateOnDevice(size, alignment, options);
-  if (!options.durable && alignment == 64 && size <= kMaxSmallSize && Usable()) {
-    // The thread's cache bin is empty: refill it from the arena.
-    const uint32_t cls = PlainClassFor(size);
-    ThreadCache& tc = MyCache();
-    ThreadCache::Bin& bin = tc.bins[cls];
-    uint32_t n = bin.count.load(std::memory_order_relaxed);
-    if (n == 0) {
-      LockForBatch();
-      std::lock_guard<std::mutex> lock(mu_, std::adopt_lock);
-      CXLRT_RETURN_IF_ERROR(RefillBin(tc, cls));
-      n = bin.count.load(std::memory_order_relaxed);
-    }
-    const PoolOffset off = bin.blocks[n - 1];
-    bin.count.store(n - 1, std::memory_order_relaxed);
-    SetState(off, cls, BlockState::kUser);
-    return off;
-  }
   std::lock_guard<std::mutex> lock(mu_);
   CXLRT_RETURN_IF_ERROR(CheckUsable());
   auto off = arena_->Allocate(size, alignment, options.durable, pool_lock_);
@@ -290,50 +295,37 @@ inline std::atomic<uint8_t>* Allocator::CachedState(PoolOffset offset, uint32_t*
 }
 
 absl::Status Allocator::Free(PoolOffset offset) {
-  // The fast path: a block of this arena's slabs that a cached path handed
-  // out goes into this thread's cache, unless the cache bin is full.
-  uint32_t cls;
-  std::atomic<uint8_t>* state = CachedState(offset, &cls);
-  if (state != nullptr && Usable()) {
-    ThreadCache::Bin& bin = MyCache().bins[cls];
-    const uint32_t n = bin.count.load(std::memory_order_relaxed);
-    if (state->load(std::memory_order_relaxed) == static_cast<uint8_t>(BlockState::kUser) &&
-        n < bin.capacity) [[likely]] {
-      state->store(static_cast<uint8_t>(BlockState::kThreadCache), std::memory_order_relaxed);
-      bin.blocks[n] = offset;
-      bin.count.store(n + 1, std::memory_order_relaxed);
-      return absl::OkStatus();
+  // The cached path: a block of this arena's slabs that a cached path handed
+  // out goes into this thread's cache (half of a full bin goes back to the
+  // arena first). Everything else goes the slow way.
+  uint32_t cls = 0;
+  std::atomic<uint8_t>* state = Usable() ? CachedState(offset, &cls) : nullptr;
+  if (state != nullptr &&
+      state->load(std::memory_order_relaxed) == static_cast<uint8_t>(BlockState::kUser)) {
+    ThreadCache& tc = MyCache();
+    const ThreadCache::Bin& bin = tc.bins[cls];
+    if (bin.count.load(std::memory_order_relaxed) == bin.capacity) [[unlikely]] {
+      ReturnHalf(tc, cls);
     }
+    PutCached(tc, cls, *state, offset);
+    return absl::OkStatus();
   }
-  return FreeSlow(offset);
+  return FreeSlow(offset, state, cls);
 }
 
-absl::Status Allocator::FreeSlow(PoolOffset offset) {
-  uint32_t cls;
-  std::atomic<uint8_t>* state = CachedState(offset, &cls);
-  if (state != nullptr && Usable()) {
-    const auto st = static_cast<BlockState>(state->load(std::memory_order_relaxed));
-    if (st == BlockState::kThreadCache) {
-      return absl::FailedPreconditionError(absl::StrCat("double free: the block at 0x",
-                                                        absl::Hex(offset), " (", kClassSizes[cls],
-                                                        " bytes) is not allocated"));
-    }
-    if (st == BlockState::kUser) {
-      // This thread's cache bin is full: half of it goes back to the arena.
-      ThreadCache& tc = MyCache();
-      ThreadCache::Bin& bin = tc.bins[cls];
-      uint32_t n = bin.count.load(std::memory_order_relaxed);
-      if (n == bin.capacity) {
-        LockForBatch();
-        std::lock_guard<std::mutex> lock(mu_, std::adopt_lock);
-        ReturnBlocks(tc, cls, n / 2);
-        n = bin.count.load(std::memory_order_relaxed);
-      }
-      state->store(static_cast<uint8_t>(BlockState::kThreadCache), std::memory_order_relaxed);
-      bin.blocks[n] = offset;
-      bin.count.store(n + 1, std::memory_order_relaxed);
-      return absl::OkStatus();
-    }
+void Allocator::ReturnHalf(ThreadCache& tc, uint32_t cls) {
+  LockForBatch();
+  std::lock_guard<std::mutex> lock(mu_, std::adopt_lock);
+  ReturnBlocks(tc, cls, tc.bins[cls].count.load(std::memory_order_relaxed) / 2);
+}
+
+absl::Status Allocator::FreeSlow(PoolOffset offset, const std::atomic<uint8_t>* state,
+                                 uint32_t cls) {
+  if (state != nullptr &&
+      state->load(std::memory_order_relaxed) == static_cast<uint8_t>(BlockState::kThreadCache)) {
+    return absl::FailedPreconditionError(absl::StrCat("double free: the block at 0x",
+                                                      absl::Hex(offset), " (", kClassSizes[cls],
+                                                      " bytes) is not allocated"));
   }
   std::lock_guard<std::mutex> lock(mu_);
   CXLRT_RETURN_IF_ERROR(CheckUsable());
@@ -529,8 +521,7 @@ absl::Status Allocator::RemoteFree(PoolOffset off, bool allow_named) {
   // Frees travel in batches (one flush and one head store for many); the
   // tick pushes a partial batch within a tick period.
   PendingFrees& q = pending_[owner];
-  if (q.epoch != owner_epoch) q.Retag(owner_epoch);
-  if (!q.offsets.Push(tagged)) {
+  if (!q.Add(owner_epoch, tagged)) {
     return absl::ResourceExhaustedError(absl::StrCat("no memory to queue a free for host ", owner,
                                                      " (", q.offsets.size(), " queued)"));
   }
@@ -546,6 +537,11 @@ void Allocator::PendingFrees::Retag(uint64_t e) {
   epoch = e;
 }
 
+bool Allocator::PendingFrees::Add(uint64_t owner_epoch, uint64_t tagged) {
+  if (owner_epoch != epoch) Retag(owner_epoch);
+  return offsets.Push(tagged);
+}
+
 absl::Status Allocator::FreeInUnownedArena(uint32_t owner,
                                            const std::vector<RingEntryLayout>& entries) {
   // Nobody owns that arena (its host left or died and was recovered): free
@@ -558,9 +554,7 @@ absl::Status Allocator::FreeInUnownedArena(uint32_t owner,
       const bool durable = e.offset & kRingEntryDurable;
       if (other.owner_epoch() != 0) {  // owned again meanwhile: use the ring
         if (durable || e.owner_epoch == other.owner_epoch()) {
-          PendingFrees& q = pending_[owner];
-          if (q.epoch != other.owner_epoch()) q.Retag(other.owner_epoch());
-          if (!q.offsets.Push(e.offset)) {
+          if (!pending_[owner].Add(other.owner_epoch(), e.offset)) {
             CXLRT_LOG(kError) << "no memory to queue a free for host " << owner << ": block 0x"
                               << std::hex << e.offset << std::dec << " stays allocated";
           }
@@ -583,8 +577,8 @@ void Allocator::PushPending(uint32_t owner) {
   const uint32_t cap = header_.ring_capacity;
   // Frees meant for an incarnation of the owner that has gone are moot: its
   // private blocks were reclaimed with it (and the ring would drop them).
-  uint64_t owner_epoch = 0;
-  c.Fetch(&owner_epoch, meta.ArenaOffset(owner) + offsetof(ArenaLayout, owner_epoch), 8);
+  const uint64_t owner_epoch =
+      c.FetchWord(meta.ArenaOffset(owner) + offsetof(ArenaLayout, owner_epoch));
   if (owner_epoch == 0) {
     std::vector<RingEntryLayout> durable;
     for (size_t k = 0; k < q.offsets.size(); ++k) {

@@ -225,11 +225,23 @@ class Allocator {
   // arena's slabs that the thread caches serve (its class in `cls`), else
   // nullptr. Lock-free.
   std::atomic<uint8_t>* CachedState(PoolOffset offset, uint32_t* cls) const;
-  // Allocate and Free past their fast paths (kept out of line so that the
-  // fast paths stay small).
+  // A block from / into bin `cls` of a thread cache. REQUIRES: the bin is
+  // not empty / not full; `off` starts a block of class `cls` of this arena
+  // and `state` is its state byte.
+  PoolOffset TakeCached(allocator_internal::ThreadCache& tc, uint32_t cls);
+  void PutCached(allocator_internal::ThreadCache& tc, uint32_t cls, std::atomic<uint8_t>& state,
+                 PoolOffset off);
+  // The cached paths' rare steps and everything past them, out of line so
+  // that the cached paths stay small: refill an empty bin, return half of
+  // a full one, and Allocate / Free of what no thread cache serves
+  // (`state`: the block's state byte when it is a cached-path block).
+  [[gnu::noinline]] absl::StatusOr<PoolOffset> RefillAndTake(allocator_internal::ThreadCache& tc,
+                                                             uint32_t cls);
+  [[gnu::noinline]] void ReturnHalf(allocator_internal::ThreadCache& tc, uint32_t cls);
   [[gnu::noinline]] absl::StatusOr<PoolOffset> AllocateSlow(uint64_t size,
                                                             const AllocOptions& options);
-  [[gnu::noinline]] absl::Status FreeSlow(PoolOffset offset);
+  [[gnu::noinline]] absl::Status FreeSlow(PoolOffset offset, const std::atomic<uint8_t>* state,
+                                          uint32_t cls);
   // The calling thread's cache (made on first use).
   allocator_internal::ThreadCache& MyCache();
   // Takes mu_ for a batch move between a thread cache and the arena:
@@ -278,6 +290,9 @@ class Allocator {
     // before are moot (its private blocks were reclaimed with it) and are
     // dropped; durable ones stay, for whoever holds the block now.
     void Retag(uint64_t e);
+    // Queues `tagged` (offset | durable bit) for the owner's incarnation
+    // `owner_epoch`, retagging first when that changed. False: no memory.
+    bool Add(uint64_t owner_epoch, uint64_t tagged);
   };
   std::vector<PendingFrees> pending_;  // guarded by mu_: frees queued for owner o
   std::atomic<bool> closed_{false};    // written under mu_
