@@ -144,10 +144,7 @@ std::vector<double> InHosts(int count, const std::function<double(int)>& body) {
   return rates;
 }
 
-// One side of a handoff benchmark: the producer (role 0) allocates blocks
-// and hands each to the consumer (role 1) through a ring in the pool; the
-// consumer frees it. Both find each other by the name in `run`. Returns 1
-// (producer) or blocks per second end to end (consumer); 0 when it failed.
+// One handoff run: `n` blocks of `size` bytes through a ring named `name`.
 struct Handoff {
   std::string name;
   uint64_t token;  // this run's: the consumer starts once the producer stamped it
@@ -156,16 +153,20 @@ struct Handoff {
 };
 constexpr uint64_t kHandoffBatch = 64;
 
+// One side of a handoff: the producer (role 0) allocates blocks and hands
+// each to the consumer (role 1) through a ring in the pool; the consumer
+// frees it. Both find the ring by the run's name. Returns 1 (producer) or
+// blocks per second end to end (consumer); 0 when it failed.
 double HandoffRole(AttachedHost& h, int role, const Handoff& run) {
   const std::string& name = run.name;
-  const uint64_t token = run.token, size = run.size, n = run.n, kCap = run.cap;
+  const uint64_t token = run.token, size = run.size, n = run.n, cap = run.cap;
   constexpr uint64_t kBatch = kHandoffBatch;
   runtime::Coherence& c = h.pool->coherence();
   // Handoff ring: head line (host 0), tail line (host 1), entries.
   absl::StatusOr<PoolOffset> ring;
   const int64_t give_up = NowNs() + 30'000'000'000;
   if (role == 0) {
-    ring = h.alloc->AllocateNamed(name, 256 + kCap * 8);
+    ring = h.alloc->AllocateNamed(name, 256 + cap * 8);
   } else {
     while (!(ring = [&]() -> absl::StatusOr<PoolOffset> {
               auto b = h.alloc->Find(name);
@@ -192,7 +193,7 @@ double HandoffRole(AttachedHost& h, int role, const Handoff& run) {
     } unname{*h.alloc, name};
     uint64_t tail = 0;
     for (uint64_t k = 0; k < n; ++k) {
-      for (int spins = 0; k - tail >= kCap; ++spins) {
+      for (int spins = 0; k - tail >= cap; ++spins) {
         tail = c.LoadFlag(tail_at);
         if (NowNs() > give_up) return 0;
         if (spins > 100) sched_yield();  // a loaded machine: let the consumer run
@@ -210,9 +211,9 @@ double HandoffRole(AttachedHost& h, int role, const Handoff& run) {
         c.StoreFlag(failed_at, 1);  // the consumer stops waiting
         return 0;
       }
-      c.Write(entries + (k % kCap) * 8, &*off, 8);
+      c.Write(entries + (k % cap) * 8, &*off, 8);
       if ((k + 1) % kBatch == 0 || k + 1 == n) {
-        c.Flush(entries, kCap * 8);
+        c.Flush(entries, cap * 8);
         c.StoreFlag(head_at, k + 1);
       }
     }
@@ -233,7 +234,7 @@ double HandoffRole(AttachedHost& h, int role, const Handoff& run) {
     }
     if (k == 0) t0 = NowNs();
     PoolOffset off = 0;
-    c.Fetch(&off, entries + (k % kCap) * 8, 8);
+    c.Fetch(&off, entries + (k % cap) * 8, 8);
     if (absl::Status st = h.alloc->Free(off); !st.ok()) {
       std::fprintf(stderr, "cxlrt bench alloc: handoff consumer: %s\n", st.ToString().c_str());
       return 0;

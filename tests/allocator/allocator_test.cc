@@ -318,12 +318,10 @@ TEST_P(AllocatorTest, FreesQueuedForAnOwnerThatRestartedDropOnlyItsPrivateBlocks
     ASSERT_TRUE(off.ok()) << off.status();
     blocks.push_back(*off);
   }
-  uint64_t durable_bytes = 0;
   for (int i = 0; i < 50; ++i) {
     auto off = b.alloc->Allocate(4096, {.durable = true});
     ASSERT_TRUE(off.ok()) << off.status();
     blocks.push_back(*off);
-    durable_bytes += 4096;
   }
   for (PoolOffset off : blocks) CXLRT_ASSERT_OK(a_.alloc->Free(off));
   // b closes: what sits in its ring is applied, its private blocks reclaimed.
