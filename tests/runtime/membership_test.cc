@@ -155,9 +155,12 @@ TEST_P(MembershipTest, AnAttachDuringAPoolCheckIsNotReportedAsCorruption) {
   Channel checking;
   pid_t checker = Spawn([&] {
     auto pool = Pool::Open(uri);
-    if (!pool.ok()) return 2;
-    if (!ArmFaults("pool.check.between_lines:stall=1000").ok()) return 3;
-    checking.Send(0);
+    // Says how it went either way: the parent waits for this word.
+    const int ready = !pool.ok()                                               ? 2
+                      : !ArmFaults("pool.check.between_lines:stall=1000").ok() ? 3
+                                                                               : 0;
+    checking.Send(ready);
+    if (ready != 0) return ready;
     std::vector<std::string> problems;
     absl::Status st = (*pool)->Check(&problems);
     for (const std::string& p : problems) fprintf(stderr, "pool check: %s\n", p.c_str());
