@@ -23,7 +23,14 @@ absl::Status BakeryLock::Lock(absl::Time deadline, WaitWatch* watch) {
   skipped_.clear();
   const uint32_t n = pool_.host_slots();
   // Doorway: announce choosing, take a number above every number seen.
+  // Each ticket store is followed by a full fence: the bakery needs every
+  // host to see "choosing" before it reads the others' numbers, and its
+  // number before it reads their choosing bits. Without the fences x86's
+  // store buffer lets two hosts each read the other's old ticket and both
+  // enter (tests/models/bakery_tso.pml finds that run; bakery_lock_test
+  // lost increments with it).
   SetTicket(1);
+  pool_.coherence().FenceStoresBeforeLoads();
   CXLRT_FAULT_POINT("bakery.after_choosing");
   uint64_t max_number = 0;
   for (uint32_t j = 0; j < n; ++j) {
@@ -33,6 +40,7 @@ absl::Status BakeryLock::Lock(absl::Time deadline, WaitWatch* watch) {
   // Number set and choosing cleared in one store: a stronger order than
   // Lamport's two writes, and the same algorithm.
   SetTicket(mine << 1);
+  pool_.coherence().FenceStoresBeforeLoads();
 
   for (uint32_t j = 0; j < n; ++j) {
     if (j == self_) continue;

@@ -106,6 +106,12 @@ class Coherence {
     DoStoreFlag(flag, value);
     Charge(flag, 8, true, t);
   }
+  // Orders this thread's earlier stores (flags included) before its later
+  // loads, in every domain: a full fence (mfence). Release/acquire is not
+  // enough for a protocol that writes its own line and then reads another
+  // host's: x86 lets the load pass the store still in the store buffer, so
+  // both hosts can read the other's old value (tests/models/bakery_tso.pml).
+  void FenceStoresBeforeLoads() { std::atomic_thread_fence(std::memory_order_seq_cst); }
   // Loads the current value of a flag, as published by its writer.
   uint64_t LoadFlag(PoolOffset flag) {
     const int64_t t = Start(flag, 8);
