@@ -16,6 +16,7 @@ PACKAGES=(
   libcli11-dev
   nlohmann-json3-dev
   python3
+  spin
 )
 
 missing=()
