@@ -2,7 +2,10 @@
 
 #include <array>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <mutex>
 
 #include "absl/container/btree_map.h"
@@ -17,8 +20,28 @@ constexpr size_t kWords = kCacheLine / 8;
 
 struct Line {
   std::array<uint64_t, kWords> words;
+  // What the pool held when this host last filled or wrote back the line,
+  // and which bytes this host has stored since: a write-back checks that
+  // the bytes it did not store are still what the pool holds.
+  std::array<uint64_t, kWords> seen;
+  uint64_t stored = 0;  // bit b: byte b stored by this host since `seen`
   bool dirty = false;
 };
+
+// Bytes [from, from+len) of a line as a bit mask.
+uint64_t ByteMask(size_t from, size_t len) {
+  const uint64_t bits = len >= 64 ? ~uint64_t{0} : (uint64_t{1} << len) - 1;
+  return bits << from;
+}
+
+// The 8 byte-mask bits of word i widened to a 64-bit mask of its bits.
+uint64_t WordBits(uint64_t byte_mask, size_t i) {
+  uint64_t m = 0;
+  for (size_t b = 0; b < 8; ++b) {
+    if ((byte_mask >> (i * 8 + b)) & 1) m |= uint64_t{0xff} << (b * 8);
+  }
+  return m;
+}
 
 class SimulatedCoherence final : public runtime::Coherence {
  public:
@@ -38,6 +61,7 @@ class SimulatedCoherence final : public runtime::Coherence {
     ForEachLine(dst, n, [&](uint64_t line, size_t from, size_t len) {
       Line& l = Cached(line);
       std::memcpy(reinterpret_cast<uint8_t*>(l.words.data()) + from, s, len);
+      l.stored |= ByteMask(from, len);
       l.dirty = true;
       s += len;
     });
@@ -133,16 +157,49 @@ class SimulatedCoherence final : public runtime::Coherence {
       for (size_t i = 0; i < kWords; ++i) {
         it->second.words[i] = std::atomic_ref<uint64_t>(w[i]).load(std::memory_order_acquire);
       }
+      it->second.seen = it->second.words;
     }
     return it->second;
   }
 
+  // Writes the whole line back, as a cache does. Bytes this host did not
+  // store go back as this host last saw them: if another host has changed
+  // them since, the write-back undoes its stores. That is always a protocol
+  // bug (two writers of one line, or a partial write of a stale copy after
+  // a block was reused: invalidate first, Coherence::Publish does), so it
+  // is reported and aborts, unless CXLRT_SIM_STALE_WRITEBACK=allow (tests
+  // of the simulator itself).
   void WriteBack(uint64_t line, Line& l) {
     uint64_t* w = PoolWords(line);
     for (size_t i = 0; i < kWords; ++i) {
+      const uint64_t now = std::atomic_ref<uint64_t>(w[i]).load(std::memory_order_acquire);
+      const uint64_t theirs = (now ^ l.seen[i]) & ~WordBits(l.stored, i);
+      if (theirs != 0 && !AllowStaleWriteBack()) StaleWriteBack(line, i, now, l);
       std::atomic_ref<uint64_t>(w[i]).store(l.words[i], std::memory_order_release);
     }
+    l.seen = l.words;
+    l.stored = 0;
     l.dirty = false;
+  }
+
+  static bool AllowStaleWriteBack() {
+    static const bool allow = [] {
+      const char* v = std::getenv("CXLRT_SIM_STALE_WRITEBACK");
+      return v != nullptr && std::string_view(v) == "allow";
+    }();
+    return allow;
+  }
+
+  [[noreturn]] void StaleWriteBack(uint64_t line, size_t word, uint64_t now, const Line& l) const {
+    std::fprintf(stderr,
+                 "cxlrt: FATAL: simulated coherence: this host writes back pool line %#llx whose "
+                 "word %zu another host changed since this host cached it (pool holds %#llx, "
+                 "this host's copy %#llx): a partial write of a stale line undoes the other "
+                 "host's stores; invalidate the line before writing part of it\n",
+                 static_cast<unsigned long long>(line * kCacheLine), word,
+                 static_cast<unsigned long long>(now),
+                 static_cast<unsigned long long>(l.words[word]));
+    std::abort();
   }
 
   // Writes back and drops the cached lines of [off, off+n). REQUIRES: mu_ held.

@@ -136,7 +136,12 @@ class Coherence {
 
   // Write + Flush: after it returns, a reader that sees a later flag and
   // then calls Fetch() on the same range sees these bytes.
+  // A line the range covers only in part is invalidated first: this host's
+  // cached copy of it may be stale (a block freed and reused, a line another
+  // host wrote since), and writing back the whole line would put the stale
+  // bytes around [dst, dst+n) over the other host's (issue 13, defects 4-5).
   void Publish(PoolOffset dst, const void* src, size_t n) {
+    InvalidatePartialLines(dst, n);
     Write(dst, src, n);
     Flush(dst, n);
     CXLRT_FAULT_POINT_AFTER_WRITE("coherence.publish", this, dst, n);
@@ -238,6 +243,18 @@ class Coherence {
   // drops its cached copy of the line.
   virtual uint64_t DoFetchAdd(PoolOffset off, uint64_t delta);
   virtual bool DoCompareExchange(PoolOffset off, uint64_t& expected, uint64_t desired);
+
+  // Drops this host's copy of the first and last line of [off, off+n) when
+  // the range covers them only in part (Publish).
+  void InvalidatePartialLines(PoolOffset off, size_t n) {
+    if (n == 0) return;
+    CheckRange(off, n);
+    const PoolOffset first = off / kCacheLine * kCacheLine;
+    const PoolOffset end = off + n;
+    const PoolOffset last = (end - 1) / kCacheLine * kCacheLine;
+    if (off != first) DoInvalidate(first, kCacheLine);
+    if (end % kCacheLine != 0 && (last != first || off == first)) DoInvalidate(last, kCacheLine);
+  }
 
   // Set by a domain whose Fetch is a fence and a load (FetchWord inlines it).
   void set_plain_words() { plain_words_ = true; }

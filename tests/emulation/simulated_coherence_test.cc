@@ -120,7 +120,9 @@ TEST_F(SimulatedTest, InvalidatingADirtyLineWritesItBackFirst) {
 
 TEST_F(SimulatedTest, WriteBackIsWholeLinesSoTwoWritersOfOneLineLoseData) {
   // The rule "one writer per line" exists because a cache writes back whole
-  // lines; the simulator makes breaking it visible.
+  // lines; the simulator makes breaking it visible (here, with the report
+  // below turned off, as silent loss).
+  setenv("CXLRT_SIM_STALE_WRITEBACK", "allow", 1);
   const PoolOffset line = hosts_.heap();
   WriteU64(hosts_.a(), line, 1);      // a caches the line (b's word as 0)
   WriteU64(hosts_.b(), line + 8, 2);  // b writes another word of it
@@ -130,6 +132,42 @@ TEST_F(SimulatedTest, WriteBackIsWholeLinesSoTwoWritersOfOneLineLoseData) {
   hosts_.b().Fetch(words, line, sizeof(words));
   EXPECT_EQ(words[0], 1u);
   EXPECT_EQ(words[1], 0u) << "b's store survived a whole-line write-back of a's copy";
+}
+
+using SimulatedDeathTest = SimulatedTest;
+
+TEST_F(SimulatedDeathTest, AWriteBackOverAnotherHostsBytesIsReported) {
+  // The same loss, with the report on (the default): the write-back aborts
+  // naming the line, so the protocol bug fails the test that hits it.
+  const PoolOffset line = hosts_.heap();
+  EXPECT_DEATH(
+      {
+        unsetenv("CXLRT_SIM_STALE_WRITEBACK");
+        WriteU64(hosts_.a(), line, 1);
+        WriteU64(hosts_.b(), line + 8, 2);
+        hosts_.b().Flush(line, 64);
+        hosts_.a().Flush(line, 64);
+      },
+      "another host changed since this host cached it");
+}
+
+TEST_F(SimulatedTest, PublishOfPartOfAStaleLineKeepsTheOtherHostsBytes) {
+  // Issue 13, defects 4 and 5: a host holds a copy of a line (it read it in
+  // an earlier use of the block), another host then publishes the whole
+  // line, and the first publishes one word of it. Publish drops the stale
+  // copy first, so the other words stay as the other host left them.
+  const PoolOffset line = hosts_.heap() + 512;
+  uint64_t old[8];
+  hosts_.a().Fetch(old, line, sizeof(old));  // a caches the line
+  const uint64_t theirs[8] = {11, 12, 13, 14, 15, 16, 17, 18};
+  hosts_.b().Publish(line, theirs, sizeof(theirs));
+  const uint64_t mine = 99;
+  hosts_.a().Publish(line + 8, &mine, 8);
+  uint64_t got[8];
+  hosts_.b().Fetch(got, line, sizeof(got));
+  EXPECT_EQ(got[0], 11u) << "a wrote back its stale copy of b's word";
+  EXPECT_EQ(got[1], 99u);
+  EXPECT_EQ(got[7], 18u);
 }
 
 TEST_F(SimulatedTest, BulkCopiesBypassTheCaches) {
