@@ -20,8 +20,8 @@
 namespace cxlrt::collectives {
 
 inline constexpr uint64_t kCommMagic = 0x314d4354524c5843ull;  // "CXLRTCM1"
-inline constexpr uint32_t kCommVersion = 1;
-inline constexpr size_t kInlineBytes = 16;
+inline constexpr uint32_t kCommVersion = 2;
+inline constexpr size_t kInlineBytes = 64;
 
 struct CommHeaderLayout {
   uint64_t magic;  // published last
@@ -73,14 +73,17 @@ static_assert(sizeof(CallDesc) == 24);
 
 // A rank's part of one round: its bytes are inline (len <= kInlineBytes)
 // or at `data` in the pool (its slot, or its own buffer when zero-copy).
+// Two lines: the flag line is published last, after the rest.
 struct PostLayout {
-  uint64_t round;  // the flag: stored last
+  uint64_t round;     // the flag: stored last
+  uint64_t instance;  // the communicator instance it belongs to (header)
   CallDesc desc;
   uint64_t data;
   uint64_t len;
   uint8_t inline_bytes[kInlineBytes];
+  uint8_t pad[8];
 };
-static_assert(sizeof(PostLayout) == 64);
+static_assert(sizeof(PostLayout) == 128);
 
 struct RankLayout {
   JoinLayout join;
@@ -88,15 +91,16 @@ struct RankLayout {
   uint8_t pad[56];
   PostLayout post[2];  // by round parity
 };
-static_assert(sizeof(RankLayout) == 256);
+static_assert(sizeof(RankLayout) == 384);
 
 // Point-to-point channel s -> d: one buffer, one chunk in flight.
 struct P2pLayout {
-  uint64_t posted;  // s: chunks published so far
-  uint64_t bytes;   // this chunk's bytes
-  uint64_t total;   // elements of the whole Send
-  uint64_t type;    // DataType
-  uint8_t pad0[32];
+  uint64_t posted;    // s: chunks published so far
+  uint64_t bytes;     // this chunk's bytes
+  uint64_t total;     // elements of the whole Send
+  uint64_t type;      // DataType
+  uint64_t instance;  // the communicator instance it belongs to
+  uint8_t pad0[24];
   uint64_t consumed;  // d: chunks read so far
   uint8_t pad1[56];
 };

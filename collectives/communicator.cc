@@ -49,6 +49,10 @@ Plan PlanFor(uint32_t n, uint64_t p2p_bytes) {
   return p;
 }
 
+// Slot and p2p buffer sizes a header may carry: a multiple of 64 in
+// [64, 1 GiB] (rank 0 rounds what it is given up to 64 B).
+bool ValidBufferBytes(uint64_t v) { return v >= 64 && v <= (1ull << 30) && v % 64 == 0; }
+
 absl::StatusOr<int> EnvInt(const char* name) {
   const char* v = std::getenv(name);
   if (!v || !*v) return absl::NotFoundError(name);
@@ -214,7 +218,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(allocator::Al
     // Nothing to leave; a block this rank made for nobody goes.
     comm->destroyed_ = true;
     comm->FreeSlots();
-    if (comm->made_block_) (void)alloc.FreeNamed(comm->name_);
+    if (comm->made_block_) {
+      // Ranks may still wait for this block: unpublish it before it goes, so
+      // none joins memory the allocator hands to someone else.
+      comm->c_.PublishObject(comm->block_, CommHeaderLayout{});
+      (void)alloc.FreeNamed(comm->name_);
+    }
     return joined;
   }
   return comm;
@@ -239,6 +248,11 @@ absl::Status Communicator::Join() {
   };
   CommHeaderLayout h = {};
   if (rank_ == 0) {
+    if (!ValidBufferBytes(options_.slot_bytes) || !ValidBufferBytes(options_.p2p_bytes)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("communicator ", name_, ": slot_bytes ", options_.slot_bytes,
+                       " and p2p_bytes ", options_.p2p_bytes, " must each be in [64, 1 GiB]"));
+    }
     const Plan plan = PlanFor(nranks_, options_.p2p_bytes);
     for (;;) {
       auto found = alloc_.Find(name_);
@@ -284,14 +298,30 @@ absl::Status Communicator::Join() {
     h.checksum = HeaderChecksum(h);
     c_.PublishObject(block_, h);
   } else {
-    // Wait for rank 0's block (a stale one from a dead job does not count).
-    absl::Status last = absl::NotFoundError("not made yet");
+    // Wait for rank 0's block: a stale one from a dead job does not count,
+    // and neither does an instance this rank's line of is taken. That line
+    // is written once per instance (zeroed by rank 0 at creation), so a rank
+    // that has left an instance, or re-creates a communicator right after
+    // its Destroy, never joins the old instance again: rank 0's stale posts
+    // there carry the same round numbers (issue 13, defect 2).
     absl::Status s = runtime::WaitUntil(
         [&] {
           auto found = alloc_.Find(name_);
           if (!found.ok()) return false;
           auto got = read_header(found->offset, found->size);
           if (!got || !creator_alive(*got)) return false;
+          if (got->nranks == static_cast<uint32_t>(nranks_) &&
+              found->size >= sizeof(CommHeaderLayout) + uint64_t{got->nranks} * sizeof(RankLayout)) {
+            const PoolOffset mine =
+                found->offset + sizeof(CommHeaderLayout) + uint64_t(rank_) * sizeof(RankLayout);
+            if (c_.LoadFlag(mine) != static_cast<uint64_t>(JoinState::kNone)) return false;
+            // The header again: the line read above belongs to this instance
+            // only if its header was in place before and after it (rank 0
+            // clears a header before it frees the block and zeroes the lines
+            // of a new one before publishing its header).
+            auto again = read_header(found->offset, found->size);
+            if (!again || again->instance != got->instance) return false;
+          }
           h = *got;
           block_ = found->offset;
           return true;
@@ -307,11 +337,18 @@ absl::Status Communicator::Join() {
                                                      nranks_, " ranks, but rank 0 made it for ",
                                                      h.nranks));
     }
+    // Every size in the header drives an access: check each against what
+    // rank 0 can have written (Communicator() rounds both to 64 B) before
+    // the plan multiplies them (issue 13, defect 8).
+    if (!ValidBufferBytes(h.slot_bytes) || !ValidBufferBytes(h.p2p_bytes)) {
+      return absl::DataLossError(absl::StrCat("communicator ", name_, "'s header has slot_bytes ",
+                                              h.slot_bytes, " and p2p_bytes ", h.p2p_bytes,
+                                              ": each must be a multiple of 64 in [64, 1 GiB]"));
+    }
     const Plan plan = PlanFor(h.nranks, h.p2p_bytes);
     auto found = alloc_.Find(name_);
-    if (!found.ok() || found->size < plan.total ||
-        h.p2p_buffers_offset != plan.p2p_buffers_offset || h.p2p_offset != plan.p2p_offset ||
-        h.slot_bytes < 4096 || h.slot_bytes > (1ull << 30)) {
+    if (!found.ok() || found->offset != block_ || found->size < plan.total ||
+        h.p2p_buffers_offset != plan.p2p_buffers_offset || h.p2p_offset != plan.p2p_offset) {
       return absl::DataLossError(absl::StrCat("communicator ", name_, "'s header describes ",
                                               plan.total, " bytes that its block does not hold"));
     }
@@ -330,8 +367,7 @@ absl::Status Communicator::Join() {
   me.pid = static_cast<uint32_t>(getpid());
   me.slots[0] = my_slots_[0];
   me.slots[1] = my_slots_[1];
-  c_.Publish(RankAt(rank_) + sizeof(uint64_t), reinterpret_cast<const uint8_t*>(&me) + 8,
-             sizeof(me) - 8);
+  PublishBody(RankAt(rank_), &me, sizeof(me));
   c_.StoreFlag(RankAt(rank_), static_cast<uint64_t>(JoinState::kJoined));
 
   peers_.assign(nranks_, JoinLayout{});
@@ -376,30 +412,62 @@ Communicator::~Communicator() {
 
 absl::Status Communicator::Destroy() {
   if (destroyed_) return absl::FailedPreconditionError(name_ + " is already destroyed");
-  absl::Status barrier = failed_.ok() ? Barrier() : failed_;
+  const bool failed_before = !failed_.ok();
+  const absl::Status barrier = failed_before ? absl::OkStatus() : Barrier();
   destroyed_ = true;
   for (PoolOffset b : buffers_) (void)alloc_.Free(b);
   buffers_.clear();
   FreeSlots();  // after the barrier: nobody reads them any more
   if (failed_.ok()) c_.StoreFlag(RankAt(rank_), static_cast<uint64_t>(JoinState::kLeft));
   if (rank_ == 0) {
-    // Every rank has left (or died, or aborted); then the block goes.
-    (void)runtime::WaitUntil(
-        [&] {
-          for (int j = 1; j < nranks_; ++j) {
-            if (c_.LoadFlag(RankAt(j)) == static_cast<uint64_t>(JoinState::kJoined) &&
-                watch_->Check().ok()) {
-              return false;
-            }
-          }
-          return true;
-        },
-        absl::Now() + options_.timeout, "every rank to leave");
+    // The block goes only when no rank can write it any more: each rank has
+    // left or aborted (its last write), or its host is dead by the
+    // membership lease or restarted. A peer's departure says nothing about
+    // the others (issue 13, defect 3).
+    CXLRT_RETURN_IF_ERROR(AwaitEveryRankGone());
     CommHeaderLayout h = {};
     c_.PublishObject(block_, h);  // no magic: nobody joins a freed block
     CXLRT_RETURN_IF_ERROR(alloc_.FreeNamed(name_));
   }
-  return barrier.ok() || !failed_.ok() ? absl::OkStatus() : barrier;
+  // The call that failed before Destroy reported its error; a barrier that
+  // fails here is reported here.
+  return barrier;
+}
+
+absl::Status Communicator::AwaitEveryRankGone() {
+  runtime::Membership& m = alloc_.membership();
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  for (int j = 1; j < nranks_; ++j) {
+    const JoinLayout& peer = peers_[j];
+    auto gone = [&] {
+      const auto state = static_cast<JoinState>(c_.LoadFlag(RankAt(j)));
+      if (state == JoinState::kLeft || state == JoinState::kAborted) return true;
+      auto host = m.Host(peer.host_slot);
+      if (!host.ok()) return false;  // unreadable: keep waiting, within the deadline
+      return host->record.epoch != peer.host_epoch || host->liveness == runtime::Liveness::kDead ||
+             host->liveness == runtime::Liveness::kFenced ||
+             host->liveness == runtime::Liveness::kFree;
+    };
+    absl::Status s = runtime::WaitUntil(gone, deadline, "a rank to leave", nullptr, kYieldFor);
+    if (!s.ok()) {
+      // Freeing now would hand memory that rank j still writes to the next
+      // allocation: keep the block (rank 0's next Create of this name says
+      // it is in use) and say who is in the way.
+      return absl::DeadlineExceededError(absl::StrCat(
+          "rank 0 destroying ", name_, ": rank ", j, " (host slot ", peer.host_slot, ", pid ",
+          peer.pid, ") neither left nor died within ", absl::FormatDuration(options_.timeout),
+          "; the communicator's block is kept"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Communicator::PublishBody(PoolOffset line, const void* obj, size_t size) {
+  // Bytes after the flag word; Publish drops a stale copy of the flag line
+  // first (the block may be a reused one), so the whole-line write-back
+  // carries the pool's flag, not one of a previous instance.
+  c_.Publish(line + sizeof(uint64_t), static_cast<const uint8_t*>(obj) + sizeof(uint64_t),
+             size - sizeof(uint64_t));
 }
 
 absl::Status Communicator::AllocateSlots() {
@@ -519,6 +587,11 @@ absl::Status Communicator::AwaitPeersDone(uint64_t round) {
 absl::Status Communicator::CheckPost(int j, uint64_t round) {
   posts_[j] = c_.FetchObject<PostLayout>(PostAt(j, round));
   const PostLayout& p = posts_[j];
+  if (p.instance != instance_) {
+    return absl::DataLossError(absl::StrCat("rank ", j, " of ", name_, " posted round ", p.round,
+                                            " for communicator instance ", absl::Hex(p.instance),
+                                            ", not this one (", absl::Hex(instance_), ")"));
+  }
   if (p.round == round && p.desc == desc_) {
     // Every post fits a slot (chunks follow the slot size, in place too);
     // its bytes lie in the pool before anyone reads them.
@@ -568,6 +641,7 @@ absl::Status Communicator::Exchange(const std::vector<Piece>& pieces) {
   const uint64_t round = round_ + 1;
   CXLRT_RETURN_IF_ERROR(WaitSlotFree(round));
   PostLayout post = {};
+  post.instance = instance_;
   post.desc = desc_;
   size_t len = 0;
   for (const Piece& p : pieces) len = std::max(len, (p.at == kNext ? len : p.at) + p.len);
@@ -586,7 +660,7 @@ absl::Status Communicator::Exchange(const std::vector<Piece>& pieces) {
   }
   if (!inline_at) post.data = slot;
   const PoolOffset line = PostAt(rank_, round);
-  c_.Publish(line + 8, reinterpret_cast<const uint8_t*>(&post) + 8, sizeof(post) - 8);
+  PublishBody(line, &post, sizeof(post));
   CXLRT_FAULT_POINT("coll.round.posted");
   c_.StoreFlag(line, round);
   return WaitPosted(round);
@@ -596,6 +670,7 @@ absl::Status Communicator::ExchangeInPlace(PoolOffset at, size_t len) {
   const uint64_t round = round_ + 1;
   CXLRT_RETURN_IF_ERROR(WaitSlotFree(round));
   PostLayout post = {};
+  post.instance = instance_;
   post.desc = desc_;
   post.len = len;
   post.data = at;
@@ -608,14 +683,22 @@ absl::Status Communicator::ExchangeInPlace(PoolOffset at, size_t len) {
     c_.Flush(at, len);
   }
   const PoolOffset line = PostAt(rank_, round);
-  c_.Publish(line + 8, reinterpret_cast<const uint8_t*>(&post) + 8, sizeof(post) - 8);
+  PublishBody(line, &post, sizeof(post));
   CXLRT_FAULT_POINT("coll.round.posted");
   c_.StoreFlag(line, round);
   return WaitPosted(round);
 }
 
-const uint8_t* Communicator::PeerBytes(int j) {
+absl::StatusOr<const uint8_t*> Communicator::PeerBytes(int j, size_t need) {
   const PostLayout& p = posts_[j];
+  if (need > p.len) {
+    // Every rank runs the same call (CheckPost compared them), so a peer
+    // that posted fewer bytes than the call implies wrote a corrupt post:
+    // reading on would read past its data (issue 13, defect 7).
+    return Fail(absl::DataLossError(absl::StrCat("rank ", j, " of ", name_, " posted ", p.len,
+                                                 " bytes in ", Describe(desc_), " but rank ", rank_,
+                                                 " needs ", need, " of them")));
+  }
   if (p.len <= kInlineBytes) return p.inline_bytes;
   return c_.BeginRead(p.data, p.len);
 }
@@ -656,7 +739,13 @@ absl::Status Communicator::AllReduce(const void* send, void* recv, size_t count,
       } else {
         CXLRT_RETURN_IF_ERROR(Exchange({{in + at, len}}));
       }
-      for (int j = 0; j < nranks_; ++j) srcs[j] = j == rank_ ? in + at : PeerBytes(j);
+      for (int j = 0; j < nranks_; ++j) {
+        if (j == rank_) {
+          srcs[j] = in + at;
+        } else {
+          CXLRT_ASSIGN_OR_RETURN(srcs[j], PeerBytes(j, len));
+        }
+      }
       collectives::Reduce(type, op, out + at, srcs.data(), nranks_, len / es, nranks_);
       EndRound();
     }
@@ -683,7 +772,12 @@ absl::Status Communicator::AllReduce(const void* send, void* recv, size_t count,
           Exchange({{chunk, lo * es, 0}, {chunk + hi * es, (m - hi) * es, hi * es}}));
     }
     for (int j = 0; j < nranks_; ++j) {
-      srcs[j] = (j == rank_ ? in + first * es : PeerBytes(j)) + lo * es;
+      if (j == rank_) {
+        srcs[j] = in + (first + lo) * es;
+      } else {
+        CXLRT_ASSIGN_OR_RETURN(const uint8_t* peer, PeerBytes(j, hi * es));
+        srcs[j] = peer + lo * es;
+      }
     }
     uint8_t* mine = out + (first + lo) * es;
     collectives::Reduce(type, op, mine, srcs.data(), nranks_, hi - lo, nranks_);
@@ -692,7 +786,9 @@ absl::Status Communicator::AllReduce(const void* send, void* recv, size_t count,
     for (int j = 0; j < nranks_; ++j) {
       if (j == rank_) continue;
       const size_t jlo = m * j / nranks_, jhi = m * (j + 1) / nranks_;
-      if (jhi > jlo) runtime::CopyBytes(out + (first + jlo) * es, PeerBytes(j), (jhi - jlo) * es);
+      if (jhi == jlo) continue;
+      CXLRT_ASSIGN_OR_RETURN(const uint8_t* peer, PeerBytes(j, (jhi - jlo) * es));
+      runtime::CopyBytes(out + (first + jlo) * es, peer, (jhi - jlo) * es);
     }
     EndRound();
   }
@@ -719,7 +815,12 @@ absl::Status Communicator::ReduceScatter(const void* send, void* recv, size_t re
     }
     CXLRT_RETURN_IF_ERROR(Exchange(pieces));
     for (int j = 0; j < nranks_; ++j) {
-      srcs[j] = j == rank_ ? in + (rank_ * recvcount + first) * es : PeerBytes(j) + rank_ * m * es;
+      if (j == rank_) {
+        srcs[j] = in + (rank_ * recvcount + first) * es;
+      } else {
+        CXLRT_ASSIGN_OR_RETURN(const uint8_t* peer, PeerBytes(j, (rank_ + 1) * m * es));
+        srcs[j] = peer + rank_ * m * es;
+      }
     }
     collectives::Reduce(type, op, out + first * es, srcs.data(), nranks_, m, nranks_);
     EndRound();
@@ -745,7 +846,10 @@ absl::Status Communicator::AllGather(const void* send, void* recv, size_t sendco
     }
     for (int j = 0; j < nranks_; ++j) {
       uint8_t* dst = out + j * bytes + at;
-      const uint8_t* src = j == rank_ ? in + at : PeerBytes(j);
+      const uint8_t* src = in + at;
+      if (j != rank_) {
+        CXLRT_ASSIGN_OR_RETURN(src, PeerBytes(j, len));
+      }
       if (len && dst != src) runtime::CopyBytes(dst, src, len);
     }
     EndRound();
@@ -774,7 +878,10 @@ absl::Status Communicator::Broadcast(const void* send, void* recv, size_t count,
       CXLRT_RETURN_IF_ERROR(
           Exchange(is_root ? std::vector<Piece>{{in + at, len}} : std::vector<Piece>{}));
     }
-    if (!is_root && len) runtime::CopyBytes(out + at, PeerBytes(root), len);
+    if (!is_root && len) {
+      CXLRT_ASSIGN_OR_RETURN(const uint8_t* src, PeerBytes(root, len));
+      runtime::CopyBytes(out + at, src, len);
+    }
     if (is_root && len && out != in) runtime::CopyBytes(out + at, in + at, len);
     EndRound();
   }
@@ -796,7 +903,13 @@ absl::Status Communicator::Reduce(const void* send, void* recv, size_t count, Da
     CXLRT_RETURN_IF_ERROR(
         Exchange(rank_ == root ? std::vector<Piece>{} : std::vector<Piece>{{in + at, len}}));
     if (rank_ == root) {
-      for (int j = 0; j < nranks_; ++j) srcs[j] = j == rank_ ? in + at : PeerBytes(j);
+      for (int j = 0; j < nranks_; ++j) {
+        if (j == rank_) {
+          srcs[j] = in + at;
+        } else {
+          CXLRT_ASSIGN_OR_RETURN(srcs[j], PeerBytes(j, len));
+        }
+      }
       collectives::Reduce(type, op, out + at, srcs.data(), nranks_, len / es, nranks_);
     }
     EndRound();
@@ -819,7 +932,10 @@ absl::Status Communicator::Gather(const void* send, void* recv, size_t sendcount
     if (rank_ == root) {
       for (int j = 0; j < nranks_; ++j) {
         uint8_t* dst = out + j * bytes + at;
-        const uint8_t* src = j == rank_ ? in + at : PeerBytes(j);
+        const uint8_t* src = in + at;
+        if (j != rank_) {
+          CXLRT_ASSIGN_OR_RETURN(src, PeerBytes(j, len));
+        }
         if (len && dst != src) runtime::CopyBytes(dst, src, len);
       }
     }
@@ -846,8 +962,11 @@ absl::Status Communicator::Scatter(const void* send, void* recv, size_t recvcoun
     }
     CXLRT_RETURN_IF_ERROR(Exchange(pieces));
     uint8_t* dst = out + first * es;
-    const uint8_t* src =
-        rank_ == root ? in + (rank_ * recvcount + first) * es : PeerBytes(root) + rank_ * m * es;
+    const uint8_t* src = in + (rank_ * recvcount + first) * es;
+    if (rank_ != root) {
+      CXLRT_ASSIGN_OR_RETURN(src, PeerBytes(root, (rank_ + 1) * m * es));
+      src += rank_ * m * es;
+    }
     if (m && dst != src) runtime::CopyBytes(dst, src, m * es);
     EndRound();
   }
@@ -876,7 +995,8 @@ absl::Status Communicator::AllToAll(const void* send, void* recv, size_t count, 
     }
     for (int j = 0; j < nranks_; ++j) {
       if (j == rank_ || m == 0) continue;
-      runtime::CopyBytes(out + (j * count + first) * es, PeerBytes(j) + rank_ * m * es, m * es);
+      CXLRT_ASSIGN_OR_RETURN(const uint8_t* peer, PeerBytes(j, (rank_ + 1) * m * es));
+      runtime::CopyBytes(out + (j * count + first) * es, peer + rank_ * m * es, m * es);
     }
     EndRound();
   }
@@ -917,7 +1037,8 @@ absl::Status Communicator::Send(const void* buf, size_t count, DataType type, in
     p.bytes = len;
     p.total = count;
     p.type = static_cast<uint64_t>(type);
-    c_.Publish(line + 8, reinterpret_cast<const uint8_t*>(&p) + 8, 24);
+    p.instance = instance_;
+    PublishBody(line, &p, offsetof(P2pLayout, pad0));
     c_.StoreFlag(line, seq);
   }
   return absl::OkStatus();
@@ -945,6 +1066,12 @@ absl::Status Communicator::Recv(void* buf, size_t count, DataType type, int peer
                                                       " of ", name_, ": ", s.message())));
     }
     const P2pLayout p = c_.FetchObject<P2pLayout>(line);
+    if (p.instance != instance_ || p.bytes > p2p_bytes_) {
+      return Fail(absl::DataLossError(absl::StrCat(
+          "Recv at rank ", rank_, " from rank ", peer, " of ", name_, ": the channel holds ",
+          p.bytes, " bytes of communicator instance ", absl::Hex(p.instance), " (this one is ",
+          absl::Hex(instance_), ", buffers of ", p2p_bytes_, " bytes)")));
+    }
     if (p.total != count || p.type != static_cast<uint64_t>(type) || p.bytes != len) {
       return Fail(absl::InvalidArgumentError(
           absl::StrCat("rank ", rank_, " called Recv(count=", count, ", ", DataTypeName(type),

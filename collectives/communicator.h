@@ -97,6 +97,7 @@ class Communicator {
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
+  bool destroyed() const { return destroyed_; }
   int rank() const { return rank_; }
   int size() const { return nranks_; }
   const std::string& name() const { return name_; }
@@ -156,7 +157,9 @@ class Communicator {
   absl::Status AllocateSlots();
   void FreeSlots();
 
-  PoolOffset RankAt(int r) const { return block_ + sizeof(CommHeaderLayout) + r * 256ull; }
+  PoolOffset RankAt(int r) const {
+    return block_ + sizeof(CommHeaderLayout) + uint64_t(r) * sizeof(RankLayout);
+  }
   PoolOffset PostAt(int r, uint64_t round) const {
     return RankAt(r) + offsetof(RankLayout, post) + (round & 1) * sizeof(PostLayout);
   }
@@ -175,7 +178,13 @@ class Communicator {
   absl::Status Exchange(const std::vector<Piece>& pieces);
   absl::Status ExchangeInPlace(PoolOffset at, size_t len);
   // Peer j's posted bytes (valid until EndRound).
-  const uint8_t* PeerBytes(int j);
+  // The bytes rank j posted this round; the caller reads the first `need`.
+  // kDataLoss (and the communicator fails) when j posted fewer.
+  absl::StatusOr<const uint8_t*> PeerBytes(int j, size_t need);
+  // Publishes the bytes of a flag line after its flag word (see .cc).
+  void PublishBody(runtime::PoolOffset line, const void* obj, size_t size);
+  // Rank 0's Destroy: waits until no rank can write the block any more.
+  absl::Status AwaitEveryRankGone();
   void EndRound();
   // Waits until every peer has finished round `round` (their reads of this
   // rank's in-place buffers are over).

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "allocator/size_classes.h"
+#include "runtime/bounds.h"
 #include "runtime/checksum.h"
 #include "runtime/fault.h"
 #include "runtime/log.h"
@@ -140,22 +141,36 @@ absl::StatusOr<AllocatorHeaderLayout> ReadAllocatorHeader(const runtime::Pool& p
                    absl::StrCat("header checksum is 0x", absl::Hex(h.checksum),
                                 " but its bytes sum to 0x", absl::Hex(AllocatorHeaderChecksum(h))));
   }
-  const uint64_t meta_end = h.first_segment + uint64_t{h.meta_segments} * kSegmentSize;
   const bool cap_ok = h.ring_capacity >= 8 && h.ring_capacity <= 4096 &&
                       (h.ring_capacity & (h.ring_capacity - 1)) == 0;
+  bool fits = h.host_slots == ph.host_slot_count && h.segment_size == kSegmentSize &&
+              h.first_segment == ph.heap_offset && h.segment_count == ph.heap_size / kSegmentSize &&
+              h.meta_segments >= 1 && h.meta_segments < h.segment_count && cap_ok &&
+              h.row_stride >= uint64_t{h.host_slots} * 8 && h.row_stride % 128 == 0 &&
+              region.size == uint64_t{h.meta_segments} * kSegmentSize;
+  // The tables, in order, each after the one before and all inside the
+  // metadata segments; every sum and product checked for overflow (a
+  // header with a valid checksum and segment_table = 2^64 - 64 * count
+  // passed the plain sums and aborted every opener: issue 13, defect 9).
+  const uint64_t meta_end = h.first_segment + uint64_t{h.meta_segments} * kSegmentSize;
   const uint64_t ring_row =
       RoundUp(uint64_t{h.host_slots} * h.ring_capacity * sizeof(RingEntryLayout), 128);
-  if (h.host_slots != ph.host_slot_count || h.segment_size != kSegmentSize ||
-      h.first_segment != ph.heap_offset || h.segment_count != ph.heap_size / kSegmentSize ||
-      h.meta_segments < 1 || h.meta_segments >= h.segment_count || !cap_ok ||
-      h.row_stride < uint64_t{h.host_slots} * 8 || h.row_stride % 128 != 0 ||
-      region.size != uint64_t{h.meta_segments} * kSegmentSize ||
-      h.segment_table < h.first_segment + sizeof(h) ||
-      h.arenas < h.segment_table + uint64_t{h.segment_count} * 64 ||
-      h.ring_heads < h.arenas + uint64_t{h.host_slots} * kArenaSize ||
-      h.ring_tails < h.ring_heads + uint64_t{h.host_slots} * h.row_stride ||
-      h.ring_entries < h.ring_tails + uint64_t{h.host_slots} * h.row_stride ||
-      h.ring_entries > meta_end || uint64_t{h.host_slots} * ring_row > meta_end - h.ring_entries) {
+  const struct {
+    uint64_t start, count, each;
+  } tables[] = {
+      {h.segment_table, h.segment_count, 64},     {h.arenas, h.host_slots, kArenaSize},
+      {h.ring_heads, h.host_slots, h.row_stride}, {h.ring_tails, h.host_slots, h.row_stride},
+      {h.ring_entries, h.host_slots, ring_row},
+  };
+  uint64_t end = h.first_segment + sizeof(h);
+  for (const auto& t : tables) {
+    if (!fits) break;
+    uint64_t t_end = 0;
+    fits =
+        t.start >= end && runtime::TableEnd(t.start, t.count, t.each, &t_end) && t_end <= meta_end;
+    end = t_end;
+  }
+  if (!fits) {
     return Corrupt(pool, absl::StrCat("its layout does not fit the pool (", h.segment_count,
                                       " segments, ", h.meta_segments, " for metadata, ",
                                       h.host_slots, " hosts, rings of ", h.ring_capacity, ")"));

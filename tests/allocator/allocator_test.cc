@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "allocator/internal/arena.h"
 #include "allocator/size_classes.h"
 #include "gtest/gtest.h"
 #include "runtime/membership.h"
@@ -613,6 +614,60 @@ TEST(SizeClassTest, ClassesCoverEverySmallSizeWithBoundedWaste) {
   EXPECT_FALSE(ClassFor(kMaxSmallSize + 1, 64).has_value());
   EXPECT_EQ(kClassSizes[*ClassFor(100, 4096)], 4096u) << "aligned classes are powers of two";
   EXPECT_FALSE(ClassFor(100, 128 << 10).has_value()) << "beyond 64 KiB alignment: segments";
+}
+
+}  // namespace
+}  // namespace cxlrt::allocator
+
+namespace cxlrt::allocator {
+namespace {
+
+// Issue 13, defect 9: an allocator header with a valid checksum whose table
+// offsets wrap around 2^64 passed the old sums, and every opener aborted.
+// Each is kDataLoss naming the layout now, for every table.
+TEST(AllocatorHeaderTest, TableOffsetsThatWrapAreDataLossNotAnAbort) {
+  for (int field = 0; field < 5; ++field) {
+    TempDir dir;
+    const std::string create = PoolUri(dir, "", "64M");
+    PoolOffset at = 0;
+    {
+      Host h = OpenHost(create, true);
+      ASSERT_TRUE(h.alloc);
+      at = h.pool->header().heap_offset;
+    }
+    auto pool = Pool::Open(OpenUri(create));
+    CXLRT_ASSERT_OK(pool);
+    runtime::Coherence& c = (*pool)->coherence();
+    auto hdr = c.FetchObject<AllocatorHeaderLayout>(at);
+    switch (field) {
+      case 0:
+        hdr.segment_table = ~uint64_t{0} - 64ull * hdr.segment_count + 1;
+        break;
+      case 1:
+        hdr.arenas = ~uint64_t{0} - 4095;
+        break;
+      case 2:
+        hdr.row_stride = 0xFFFFFF80u;  // the rings then pass the metadata's end
+        break;
+      case 3:
+        hdr.ring_tails = ~uint64_t{0} - 127;
+        break;
+      case 4:
+        hdr.ring_entries = hdr.ring_tails - 128;  // overlaps the table before it
+        break;
+    }
+    hdr.checksum = allocator_internal::AllocatorHeaderChecksum(hdr);
+    c.PublishObject(at, hdr);
+    runtime::AttachOptions ao;
+    ao.host_id = -1;
+    auto m = Membership::Attach(**pool, ao);
+    CXLRT_ASSERT_OK(m);
+    auto a = Allocator::Open(**pool, **m);
+    EXPECT_EQ(a.status().code(), absl::StatusCode::kDataLoss)
+        << "field " << field << ": " << a.status();
+    std::vector<std::string> problems;
+    EXPECT_FALSE(Audit(**pool, &problems).ok()) << "field " << field;
+  }
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 // Both the hardware and the simulated coherence domain.
 #include "collectives/communicator.h"
 
+#include <sched.h>
 #include <sys/mman.h>
 
 #include <cstring>
@@ -16,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "allocator/allocator.h"
 #include "gtest/gtest.h"
+#include "runtime/checksum.h"
 #include "runtime/fault.h"
 #include "runtime/membership.h"
 #include "tests/testing/test_util.h"
@@ -399,6 +401,73 @@ absl::StatusOr<RankHost> OpenRankHost(const std::string& uri) {
   return h;
 }
 
+// Body of the lifecycle tests: 30 rounds of Create / AllReduce / Destroy
+// of one name, with a canary block in the freed block's place.
+std::string CycleCommunicators(Communicator& comm, allocator::Allocator& alloc, bool one_core) {
+  if (one_core) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(0, &one);
+    sched_setaffinity(0, sizeof(one), &one);
+  }
+  const int r = comm.rank(), n = comm.size();
+  runtime::Coherence& c = alloc.pool().coherence();
+  runtime::PoolOffset canary = 0;
+  uint64_t canary_size = 0;
+  auto canary_intact = [&]() -> std::string {
+    std::vector<uint8_t> got(canary_size);
+    c.Fetch(got.data(), canary, canary_size);
+    for (uint64_t i = 0; i < canary_size; ++i) {
+      if (got[i] != static_cast<uint8_t>(0xA5 ^ i)) {
+        return absl::StrCat("canary byte ", i, " of the block freed by Destroy changed to ", got[i],
+                            ": a rank wrote a freed communicator block");
+      }
+    }
+    return "";
+  };
+  for (int it = 0; it < 30; ++it) {
+    auto cy = Communicator::Create(alloc, "cycle", n, r);
+    if (!cy.ok()) return absl::StrCat("round ", it, " Create: ", cy.status().ToString());
+    uint64_t block_size = 0;
+    if (r == 0) {
+      auto b = alloc.Find("comm/cycle");
+      if (!b.ok()) return b.status().ToString();
+      block_size = b->size;
+    }
+    for (int call = 0; call < 3; ++call) {
+      const int64_t x = 1000 * (it + 1) + r + call, want_base = 1000 * (it + 1) + call;
+      int64_t y = 0;
+      absl::Status s = (*cy)->AllReduce(&x, &y, 1, DataType::kInt64, RedOp::kSum);
+      if (!s.ok()) return absl::StrCat("round ", it, " AllReduce: ", s.ToString());
+      const int64_t want = want_base * n + n * (n - 1) / 2;
+      if (y != want) return absl::StrCat("round ", it, " AllReduce gave ", y, ", want ", want);
+    }
+    if (absl::Status d = (*cy)->Destroy(); !d.ok()) {
+      return absl::StrCat("round ", it, " Destroy: ", d.ToString());
+    }
+    if (r == 0) {
+      if (canary != 0) {
+        if (std::string e = canary_intact(); !e.empty()) return e;
+        (void)alloc.Free(canary);
+      }
+      auto got = alloc.Allocate(block_size, {.alignment = 2 << 20});
+      if (!got.ok()) return got.status().ToString();
+      canary = *got;
+      canary_size = block_size;
+      std::vector<uint8_t> fill(canary_size);
+      for (uint64_t i = 0; i < canary_size; ++i) fill[i] = static_cast<uint8_t>(0xA5 ^ i);
+      c.CopyToPool(canary, fill.data(), fill.size());
+    }
+  }
+  // The others' last writes land before they leave the outer barrier.
+  if (absl::Status s = comm.Barrier(); !s.ok()) return s.ToString();
+  if (r == 0) {
+    if (std::string e = canary_intact(); !e.empty()) return e;
+    (void)alloc.Free(canary);
+  }
+  return "";
+}
+
 class CollectivesTest : public ::testing::TestWithParam<CoherenceDomain> {
  protected:
   // More URI parameters for the pool (subclasses).
@@ -438,7 +507,7 @@ class CollectivesTest : public ::testing::TestWithParam<CoherenceDomain> {
             err = comm.status().ToString();
           } else {
             err = body(**comm, *h->alloc);
-            if (err.empty()) {
+            if (err.empty() && !(*comm)->destroyed()) {
               absl::Status d = (*comm)->Destroy();
               if (!d.ok()) err = "Destroy: " + d.ToString();
             }
@@ -680,9 +749,150 @@ TEST_P(CollectivesTest, AMissingRankTimesOutWithADeadline) {
         absl::Status s = comm.AllReduce(&x, &y, 1, DataType::kInt32, RedOp::kSum);
         if (s.code() != absl::StatusCode::kDeadlineExceeded) return "no deadline: " + s.ToString();
         comm.Abort();
+        // Rank 0's Destroy frees the block only once rank 1 can no longer
+        // write it: while rank 1 lives and stays joined, Destroy times out
+        // and keeps the block.
+        absl::Status d = comm.Destroy();
+        if (d.code() != absl::StatusCode::kDeadlineExceeded ||
+            d.message().find("rank 1") == std::string::npos) {
+          return "Destroy while rank 1 is joined: " + d.ToString();
+        }
         return "";
       },
       absl::Seconds(60), o, "late");
+}
+
+// Issue 13, defects 2-4: communicators of one name created, used,
+// destroyed and re-created in a loop, ranks on one core and on two. Each
+// all-reduce result is checked (a rank that joined the previous instance
+// got 1002 instead of 2002), and after each Destroy rank 0 fills a canary
+// block the size of the freed one, which the allocator hands it at the same
+// place: a rank still writing the old instance changes it (72 bytes of it,
+// before Destroy waited for every rank).
+
+TEST_P(CollectivesTest, ReCreatedCommunicatorsNeverMixInstancesOrWriteFreedBlocks) {
+  RunRanks(3, [](Communicator& comm, allocator::Allocator& alloc) -> std::string {
+    return CycleCommunicators(comm, alloc, /*one_core=*/false);
+  });
+}
+
+TEST_P(CollectivesTest, ReCreatedCommunicatorsOnOneCoreNeverMixInstances) {
+  RunRanks(3, [](Communicator& comm, allocator::Allocator& alloc) -> std::string {
+    return CycleCommunicators(comm, alloc, /*one_core=*/true);
+  });
+}
+
+// Issue 13, defect 8: a header whose p2p_bytes is 0 (Send/Recv divided by
+// it) or absurd (the plan's product overflowed) is refused at join.
+TEST_P(CollectivesTest, AJoinerRefusesAHeaderWithBadBufferSizes) {
+  for (uint64_t bad : {uint64_t{0}, uint64_t{1} << 62, uint64_t{100}}) {
+    CommOptions o;
+    o.timeout = absl::Seconds(3);
+    pid_t maker = Spawn([&]() -> int {
+      auto h = OpenRankHost(uri_);
+      if (!h.ok()) return 2;
+      auto comm = Communicator::Create(*h->alloc, "badhdr", 2, 0, o);
+      return comm.ok() ? 3 : 0;  // rank 1 never joins: a deadline
+    });
+    pid_t joiner = Spawn([&]() -> int {
+      auto h = OpenRankHost(uri_);
+      if (!h.ok()) return 2;
+      runtime::Coherence& c = h->pool->coherence();
+      // Wait for rank 0's header, then damage it as a hostile pool would
+      // (a valid checksum over the bad size).
+      absl::Time end = absl::Now() + absl::Seconds(3);
+      absl::StatusOr<allocator::NamedBlock> b;
+      for (;;) {
+        b = h->alloc->Find("comm/badhdr");
+        if (b.ok() && c.FetchObject<CommHeaderLayout>(b->offset).magic == kCommMagic) break;
+        if (absl::Now() > end) return 4;
+        absl::SleepFor(absl::Milliseconds(5));
+      }
+      auto hdr = c.FetchObject<CommHeaderLayout>(b->offset);
+      hdr.p2p_bytes = bad;
+      hdr.checksum = runtime::Crc32c(&hdr, offsetof(CommHeaderLayout, checksum));
+      c.PublishObject(b->offset, hdr);
+      auto comm = Communicator::Create(*h->alloc, "badhdr", 2, 1, o);
+      if (comm.ok()) return 5;
+      if (comm.status().code() != absl::StatusCode::kDataLoss ||
+          comm.status().message().find("p2p_bytes") == std::string::npos) {
+        std::fprintf(stderr, "joiner got %s\n", comm.status().ToString().c_str());
+        return 6;
+      }
+      return 0;
+    });
+    EXPECT_EQ(WaitExit(joiner, absl::Seconds(30)), 0) << "p2p_bytes " << bad;
+    EXPECT_EQ(WaitExit(maker, absl::Seconds(30)), 0);
+  }
+}
+
+// Issue 13, defect 7: a peer whose post says it holds fewer bytes than the
+// call reads (here 8 inline bytes for a 64 KiB broadcast) is a corrupt
+// post: kDataLoss, never a read past the post into other memory.
+TEST_P(CollectivesTest, APostShorterThanTheCallIsDataLossNotAnOverRead) {
+  CommOptions o;
+  o.timeout = absl::Seconds(5);
+  constexpr size_t kCount = 16384;  // floats: 64 KiB
+  pid_t reader = Spawn([&]() -> int {
+    auto h = OpenRankHost(uri_);
+    if (!h.ok()) return 2;
+    auto comm = Communicator::Create(*h->alloc, "short", 2, 0, o);
+    if (!comm.ok()) return 3;
+    std::vector<float> out(kCount, -1.0f);
+    absl::Status s = (*comm)->Broadcast(nullptr, out.data(), kCount, DataType::kFloat32, 1);
+    if (s.code() != absl::StatusCode::kDataLoss ||
+        s.message().find("posted 8 bytes") == std::string::npos) {
+      std::fprintf(stderr, "reader got %s\n", s.ToString().c_str());
+      return 4;
+    }
+    (*comm)->Abort();
+    return 0;
+  });
+  // The hostile rank 1: a live host that joins by hand and posts round 1
+  // with the right call but 8 bytes.
+  pid_t hostile = Spawn([&]() -> int {
+    auto h = OpenRankHost(uri_);
+    if (!h.ok()) return 2;
+    runtime::Coherence& c = h->pool->coherence();
+    absl::Time end = absl::Now() + absl::Seconds(5);
+    absl::StatusOr<allocator::NamedBlock> b;
+    CommHeaderLayout hdr;
+    for (;;) {
+      b = h->alloc->Find("comm/short");
+      if (b.ok() && (hdr = c.FetchObject<CommHeaderLayout>(b->offset)).magic == kCommMagic) break;
+      if (absl::Now() > end) return 3;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    auto slot = h->alloc->Allocate(hdr.slot_bytes);
+    if (!slot.ok()) return 4;
+    const runtime::PoolOffset rank1 = b->offset + sizeof(CommHeaderLayout) + sizeof(RankLayout);
+    JoinLayout me = {};
+    me.instance = hdr.instance;
+    me.host_slot = h->membership->slot();
+    me.host_epoch = h->membership->epoch();
+    me.pid = getpid();
+    me.slots[0] = me.slots[1] = *slot;
+    c.Publish(rank1 + 8, reinterpret_cast<uint8_t*>(&me) + 8, sizeof(me) - 8);
+    c.StoreFlag(rank1, static_cast<uint64_t>(JoinState::kJoined));
+    PostLayout post = {};
+    post.instance = hdr.instance;
+    post.desc.kind = static_cast<uint8_t>(CollKind::kBroadcast);
+    post.desc.type = static_cast<uint8_t>(DataType::kFloat32);
+    post.desc.op = static_cast<uint8_t>(RedOp::kSum);
+    post.desc.root = 1;
+    post.desc.count = kCount;
+    post.desc.call = 1;
+    post.len = 8;
+    const runtime::PoolOffset line = rank1 + offsetof(RankLayout, post) + sizeof(PostLayout);
+    c.Publish(line + 8, reinterpret_cast<uint8_t*>(&post) + 8, sizeof(post) - 8);
+    c.StoreFlag(line, 1);
+    // Stay alive (and leave) once rank 0 has read the post.
+    absl::SleepFor(absl::Seconds(2));
+    c.StoreFlag(rank1, static_cast<uint64_t>(JoinState::kLeft));
+    return 0;
+  });
+  EXPECT_EQ(WaitExit(reader, absl::Seconds(30)), 0);
+  EXPECT_EQ(WaitExit(hostile, absl::Seconds(30)), 0);
 }
 
 TEST_P(CollectivesTest, ManyBackToBackCallsTwoCommunicatorsAndSendRecv) {

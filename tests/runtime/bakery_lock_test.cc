@@ -16,8 +16,8 @@
 namespace cxlrt::runtime {
 namespace {
 
-using ::cxlrt::testing::PoolUri;
 using ::cxlrt::testing::OpenUri;
+using ::cxlrt::testing::PoolUri;
 using ::cxlrt::testing::Spawn;
 using ::cxlrt::testing::TempDir;
 using ::cxlrt::testing::TestScale;
