@@ -64,18 +64,18 @@ void Hit(const char* point, Coherence* coherence, uint64_t offset, size_t n);
 }  // namespace cxlrt::runtime
 
 // A fault point. REQUIRES: `point` is listed in kFaultPoints.
-#define CXLRT_FAULT_POINT(point)                                                     \
-  do {                                                                               \
-    if (::cxlrt::runtime::fault_internal::armed.load(std::memory_order_relaxed)) {  \
-      ::cxlrt::runtime::fault_internal::Hit(point, nullptr, 0, 0);                   \
-    }                                                                                \
+#define CXLRT_FAULT_POINT(point)                                                   \
+  do {                                                                             \
+    if (::cxlrt::runtime::fault_internal::armed.load(std::memory_order_relaxed)) { \
+      ::cxlrt::runtime::fault_internal::Hit(point, nullptr, 0, 0);                 \
+    }                                                                              \
   } while (0)
 
 // A fault point right after [offset, offset+n) was written through `coherence`
 // (which `corrupt` then damages).
-#define CXLRT_FAULT_POINT_AFTER_WRITE(point, coherence, offset, n)                  \
-  do {                                                                               \
-    if (::cxlrt::runtime::fault_internal::armed.load(std::memory_order_relaxed)) {  \
-      ::cxlrt::runtime::fault_internal::Hit(point, (coherence), (offset), (n));      \
-    }                                                                                \
+#define CXLRT_FAULT_POINT_AFTER_WRITE(point, coherence, offset, n)                 \
+  do {                                                                             \
+    if (::cxlrt::runtime::fault_internal::armed.load(std::memory_order_relaxed)) { \
+      ::cxlrt::runtime::fault_internal::Hit(point, (coherence), (offset), (n));    \
+    }                                                                              \
   } while (0)

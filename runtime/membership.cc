@@ -54,8 +54,7 @@ class Membership::Liveness_ : public BakeryLiveness {
     const bool owner_ok = owner.checksum == OwnerLineChecksum(owner);
     // Same machine: if nobody here holds index j, its process is gone. Keep
     // holding the index so it cannot come back until Unlock.
-    if (owner_ok && strnlen(owner.hostname, sizeof(owner.hostname)) < sizeof(owner.hostname) &&
-        m_->hostname_.substr(0, sizeof(owner.hostname) - 1) == owner.hostname) {
+    if (owner_ok && owner.machine == MachineId()) {
       auto got = pool.backend().TryLockLocalIndex(j);
       if (got.ok() && *got) {
         held_.push_back(j);
@@ -151,10 +150,11 @@ absl::StatusOr<std::unique_ptr<Membership>> Membership::Attach(Pool& pool,
     first = static_cast<uint32_t>(host_id) * per_host;
     end = std::min<uint64_t>(uint64_t{first} + per_host, pool.host_slots());
     if (first >= pool.host_slots()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "host id ", host_id, " needs slots [", first, ", ", uint64_t{first} + per_host, ") but ",
-          pool.name(), " has ", pool.host_slots(), " (lower CXLRT_SLOTS_PER_HOST or create the "
-          "pool with more hosts=)"));
+      return absl::InvalidArgumentError(absl::StrCat("host id ", host_id, " needs slots [", first,
+                                                     ", ", uint64_t{first} + per_host, ") but ",
+                                                     pool.name(), " has ", pool.host_slots(),
+                                                     " (lower CXLRT_SLOTS_PER_HOST or create the "
+                                                     "pool with more hosts=)"));
     }
   }
 
@@ -203,6 +203,7 @@ void Membership::WriteOwnerLine(uint64_t epoch) {
   l.pid = static_cast<uint32_t>(getpid());
   l.lease_ms = static_cast<uint32_t>(absl::ToInt64Milliseconds(lease_));
   l.heartbeat_ms = static_cast<uint32_t>(absl::ToInt64Milliseconds(heartbeat_));
+  l.machine = MachineId();
   std::memcpy(l.hostname, hostname_.data(), std::min(hostname_.size(), sizeof(l.hostname) - 1));
   l.checksum = OwnerLineChecksum(l);
   // Everything but the heartbeat word, which the heartbeat thread owns.
@@ -222,6 +223,18 @@ void Membership::WriteControl(uint32_t slot, uint64_t epoch, SlotState state, ui
 }
 
 absl::Status Membership::Claim(bool explicit_slot) {
+  // Who owned the slot, read before this process's owner line replaces it:
+  // an explicit claim of an attached slot is a restart only when the owner
+  // ran on this machine (whose local lock this process now holds).
+  auto prior = pool_.ReadHost(slot_);
+  const bool remote_owner = prior.ok() && prior->state == SlotState::kAttached &&
+                            prior->owner_current && prior->machine != MachineId();
+  if (explicit_slot && remote_owner) {
+    // Before writing anything: the owner line is the other machine's.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "host slot ", slot_, " of ", pool_.name(), " is attached by pid ", prior->pid, " on ",
+        prior->hostname, " (another machine); give each machine its own CXLRT_HOST_ID"));
+  }
   // Beat before competing for the lock, so others see a live participant.
   WriteOwnerLine(0);
   hb_thread_ = std::thread([this] { HeartbeatLoop(); });
@@ -247,12 +260,6 @@ absl::Status Membership::Claim(bool explicit_slot) {
     case SlotState::kAttached:
       // This process holds the slot's local index lock, so no process of
       // this machine holds the slot: a predecessor here crashed.
-      if (explicit_slot && r->owner_current && r->hostname != hostname_.substr(0, 23)) {
-        unlock();
-        return absl::FailedPreconditionError(
-            absl::StrCat("host slot ", slot_, " of ", pool_.name(), " is attached by pid ", r->pid,
-                         " on ", r->hostname, "; give each machine its own CXLRT_HOST_ID"));
-      }
       take = explicit_slot;
       break;
   }

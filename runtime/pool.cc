@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -399,6 +400,26 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::Open(absl::string_view uri_text) {
   return pool;
 }
 
+uint64_t MachineId() {
+  static const uint64_t id = [] {
+    std::string boot = "no-boot-id";
+    if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+      char buf[64] = {};
+      if (std::fgets(buf, sizeof(buf), f)) boot = buf;
+      std::fclose(f);
+    }
+    char host[256] = {};
+    if (gethostname(host, sizeof(host) - 1) != 0) host[0] = 0;
+    const std::string both = absl::StrCat(boot, "/", host);
+    // Two CRC-32Cs of different seeds: 64 bits, so that two machines of one
+    // pool collide with probability 2^-64 per pair, not by name.
+    const uint64_t id = uint64_t{Crc32c(both.data(), both.size())} << 32 |
+                        Crc32c(both.data(), both.size(), 0x9e3779b9u);
+    return id == 0 ? 1 : id;
+  }();
+  return id;
+}
+
 absl::Status Pool::Destroy(absl::string_view uri_text, const DestroyOptions& options) {
   CXLRT_ASSIGN_OR_RETURN(PoolUri uri, ParsePoolUri(uri_text));
   CXLRT_ASSIGN_OR_RETURN(const BackendProvider* provider, FindBackendProvider(uri.scheme));
@@ -420,7 +441,10 @@ absl::Status Pool::Destroy(absl::string_view uri_text, const DestroyOptions& opt
         }
       }
       if (!attached.empty()) {
-        absl::SleepFor(absl::Milliseconds(std::max(3 * longest_ms, 250u)));
+        // heartbeat_ms comes from the pool: clamped, so that a corrupt line
+        // cannot make destroy sleep for days (issue 13, defect 10).
+        absl::SleepFor(
+            absl::Milliseconds(std::max(3 * std::min(longest_ms, kMaxSampledHeartbeatMs), 250u)));
         std::vector<std::string> live;
         for (const auto& [i, before] : attached) {
           auto r = (*pool)->ReadHost(i);
@@ -493,6 +517,7 @@ absl::StatusOr<HostRecord> Pool::ReadHost(uint32_t i) const {
     r.lease_ms = owner.lease_ms;
     r.heartbeat_ms = owner.heartbeat_ms;
     r.attach_unix_ns = owner.attach_unix_ns;
+    r.machine = owner.machine;
     r.hostname = SafeString(owner.hostname, sizeof(owner.hostname));
   }
   return r;
@@ -633,6 +658,13 @@ absl::Status Pool::Check(std::vector<std::string>* problems_out) const {
     } else if (!zero && owner.epoch > r->epoch) {
       problems.push_back(absl::StrCat("host slot ", i, " owner line claims epoch ", owner.epoch,
                                       " beyond the slot's epoch ", r->epoch));
+    } else if (!zero &&
+               (owner.lease_ms < kMinLeaseMs || owner.lease_ms > kMaxLeaseMs ||
+                owner.heartbeat_ms < kMinHeartbeatMs || owner.heartbeat_ms > kMaxHeartbeatMs)) {
+      problems.push_back(absl::StrCat("host slot ", i, " owner line has lease_ms ", owner.lease_ms,
+                                      " and heartbeat_ms ", owner.heartbeat_ms, " (allowed: [",
+                                      kMinLeaseMs, ", ", kMaxLeaseMs, "] and [", kMinHeartbeatMs,
+                                      ", ", kMaxHeartbeatMs, "])"));
     }
   }
 

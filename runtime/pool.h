@@ -41,8 +41,15 @@ struct HostRecord {
   uint32_t lease_ms = 0;
   uint32_t heartbeat_ms = 0;
   uint64_t attach_unix_ns = 0;
+  uint64_t machine = 0;  // MachineId() of the owner's machine
   std::string hostname;
 };
+
+// This running machine's identity: a 64-bit hash of the kernel's boot id
+// (/proc/sys/kernel/random/boot_id) and the full host name. Processes with
+// equal ids share one kernel, so its local locks (fcntl) are meaningful
+// between them; never 0.
+uint64_t MachineId();
 
 struct RegionInfo {
   uint32_t index = 0;

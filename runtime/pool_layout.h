@@ -23,7 +23,7 @@ namespace cxlrt::runtime {
 
 // "CXLRTPL1" as stored (little-endian bytes C X L R T P L 1).
 inline constexpr uint64_t kPoolMagic = 0x314C5054524C5843ull;
-inline constexpr uint32_t kPoolFormatVersion = 1;
+inline constexpr uint32_t kPoolFormatVersion = 2;  // 2: owner lines carry `machine`
 inline constexpr uint64_t kHeaderRegionSize = 4096;
 inline constexpr uint64_t kHeapAlignment = 2ull << 20;
 inline constexpr uint64_t kMinPoolSize = 4ull << 20;
@@ -81,13 +81,26 @@ struct alignas(64) HostOwnerLineLayout {
   uint64_t heartbeat;       // +1 per beat, never reset
   uint64_t epoch;           // the control epoch this incarnation attached at
   uint64_t attach_unix_ns;  // owner's clock, information only
+  // Which running kernel the owner is on: a hash of the boot id and the
+  // full host name (MachineId()). Hosts with equal `machine` share local
+  // locks; host names alone collide (defect 11 of issue 13).
+  uint64_t machine;
   uint32_t pid;
   uint32_t lease_ms;      // others declare the host dead after this long
   uint32_t heartbeat_ms;  // beat period
-  char hostname[24];      // NUL-terminated when shorter
+  char hostname[16];      // for people: NUL-terminated when shorter, else cut
   uint32_t checksum;      // CRC-32C of bytes [8, 60)
 };
 static_assert(sizeof(HostOwnerLineLayout) == 64);
+static_assert(offsetof(HostOwnerLineLayout, checksum) == 60);
+
+// Limits of the owner line's timing fields (the ranges CXLRT_LEASE_MS and
+// CXLRT_HEARTBEAT_MS accept); a line outside them is corrupt, and a wait
+// driven by them is clamped (pool destroy, pool info).
+inline constexpr uint32_t kMinLeaseMs = 10, kMaxLeaseMs = 3600000;
+inline constexpr uint32_t kMinHeartbeatMs = 1, kMaxHeartbeatMs = 600000;
+// The longest heartbeat period a tool waits out to see whether hosts beat.
+inline constexpr uint32_t kMaxSampledHeartbeatMs = 2000;
 
 // Written only by the holder of the pool lock: at attach (epoch+1,
 // kAttached), detach (epoch+1, kFree), fence (epoch+1, kFenced).

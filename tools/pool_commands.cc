@@ -66,7 +66,8 @@ std::vector<HostSample> SampleHosts(const Pool& pool) {
   bool any_attached = false;
   for (auto& [i, r] : first) any_attached |= r.state == SlotState::kAttached;
   if (any_attached)
-    absl::SleepFor(absl::Milliseconds(std::max(3 * std::min(longest_ms, 5000u), 250u)));
+    absl::SleepFor(absl::Milliseconds(
+        std::max(3 * std::min(longest_ms, runtime::kMaxSampledHeartbeatMs), 250u)));
   std::vector<HostSample> out;
   for (auto& [i, before] : first) {
     auto r = pool.ReadHost(i);

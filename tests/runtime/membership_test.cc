@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
 #include <random>
 #include <set>
 
@@ -490,6 +491,100 @@ TEST_P(MembershipTest, AHostIdKeepsItsProcessesInItsOwnSlots) {
   auto other = Membership::Attach(**pool, o);
   CXLRT_ASSERT_OK(other);
   EXPECT_EQ((*other)->slot(), 0u);
+}
+
+// A host that attached and then died without detaching, after `damage`
+// rewrote its owner line (with a valid checksum). Returns its slot.
+uint32_t AttachDamageAndDie(const std::string& uri,
+                            const std::function<void(HostOwnerLineLayout&)>& damage,
+                            std::optional<uint32_t> slot = std::nullopt) {
+  int fd[2];
+  EXPECT_EQ(pipe(fd), 0);
+  pid_t kid = Spawn([&] {
+    auto pool = Pool::Open(uri);
+    if (!pool.ok()) return 2;
+    auto m = Membership::Attach(**pool, Fast(slot));
+    if (!m.ok()) return 3;
+    const uint32_t me = (*m)->slot();
+    Coherence& c = (*pool)->coherence();
+    auto owner = c.FetchObject<HostOwnerLineLayout>((*pool)->OwnerLineOffset(me));
+    damage(owner);
+    owner.checksum = OwnerLineChecksum(owner);
+    c.PublishObject((*pool)->OwnerLineOffset(me), owner);
+    if (write(fd[1], &me, sizeof(me)) != sizeof(me)) return 4;
+    _exit(0);  // dies attached: no detach
+  });
+  uint32_t slot_out = ~0u;
+  EXPECT_EQ(read(fd[0], &slot_out, sizeof(slot_out)), static_cast<ssize_t>(sizeof(slot_out)));
+  EXPECT_EQ(WaitExit(kid), 0);
+  close(fd[0]);
+  close(fd[1]);
+  return slot_out;
+}
+
+// Issue 13, defect 10: a pool-supplied heartbeat_ms of 0x55555555 (50 days)
+// made a plain `pool destroy` sleep three of them; it is clamped now, and
+// the pool check names the field.
+TEST_P(MembershipTest, AnAbsurdHeartbeatInThePoolNeitherHangsDestroyNorPassesTheCheck) {
+  const std::string uri = MakePool();
+  AttachDamageAndDie(uri, [](HostOwnerLineLayout& o) { o.heartbeat_ms = 0x55555555; });
+  // The pool check (which every open runs) names the field.
+  CXLRT_EXPECT_ERROR(Pool::Open(uri), absl::StatusCode::kDataLoss, "heartbeat_ms 1431655765");
+  const absl::Time start = absl::Now();
+  CXLRT_EXPECT_OK(Pool::Destroy(uri, {}));  // the dead host does not beat
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3 * kMaxSampledHeartbeatMs / 1000 + 3));
+}
+
+// Issue 13, defect 11: a host on another machine whose host name shares
+// this one's first 23 characters (or all of them) is not "local": this
+// host must not take the slot of a live remote host as its crashed
+// predecessor's. The machine identity (boot id and full name) tells them
+// apart.
+TEST_P(MembershipTest, AHostOfTheSameNameOnAnotherMachineIsNotTakenForALocalOne) {
+  const std::string uri = MakePool();
+  const uint32_t slot = AttachDamageAndDie(
+      uri, [](HostOwnerLineLayout& o) { o.machine = MachineId() ^ 0x5a5a; }, 3);
+  ASSERT_EQ(slot, 3u);
+  auto pool = Pool::Open(uri);
+  CXLRT_ASSERT_OK(pool);
+  auto m = Membership::Attach(**pool, Fast(3));
+  CXLRT_EXPECT_ERROR(m, absl::StatusCode::kFailedPrecondition, "give each machine its own");
+  // The same host record with this machine's id: a crashed predecessor here,
+  // whose slot a restart takes over.
+  const uint32_t again = AttachDamageAndDie(
+      uri, [](HostOwnerLineLayout&) {}, 4);
+  ASSERT_EQ(again, 4u);
+  auto m4 = Membership::Attach(**pool, Fast(4));
+  CXLRT_EXPECT_OK(m4);
+}
+
+// Issue 13, defect 11, the pool lock: a host of another machine that died
+// holding a ticket is dead only when its lease runs out unobserved; a host
+// of this machine is dead as soon as nobody here holds its local lock. The
+// old name comparison took the remote host for a local one and skipped its
+// ticket at once (and could fence a live remote host the same way).
+TEST_P(MembershipTest, ARemoteHostsTicketIsSkippedOnlyAfterItsLease) {
+  const std::string uri = MakePool();
+  auto ticket_then_die = [&](uint64_t machine_xor) {
+    return AttachDamageAndDie(uri, [&](HostOwnerLineLayout& o) { o.machine ^= machine_xor; });
+  };
+  for (uint64_t x : {uint64_t{0}, uint64_t{0x5a5a}}) {
+    const uint32_t slot = ticket_then_die(x);
+    auto pool = Pool::Open(uri);
+    CXLRT_ASSERT_OK(pool);
+    // The dead host "wants the lock": a ticket below anything new.
+    (*pool)->coherence().StoreFlag((*pool)->BakeryLineOffset(slot), 1 << 1);
+    const absl::Time start = absl::Now();
+    auto m = Membership::Attach(**pool, Fast());
+    CXLRT_ASSERT_OK(m);
+    const absl::Duration took = absl::Now() - start;
+    if (x == 0) {
+      EXPECT_LT(took, kLease) << "a dead host of this machine waited out its lease";
+    } else {
+      EXPECT_GE(took, kLease * 4 / 5) << "a remote host was declared dead before its lease";
+    }
+    CXLRT_EXPECT_OK((*m)->Detach());
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Domains, MembershipTest,
