@@ -128,8 +128,37 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(allocator::Allocator& alloc,
   return s;
 }
 
+// True when `v` is a store header that its creator never finished.
+bool Unwritten(const absl::StatusOr<std::unique_ptr<StoreView>>& v) {
+  return !v.ok() && v.status().code() == absl::StatusCode::kDataLoss &&
+         absl::StrContains(v.status().message(), "not written");
+}
+
+absl::Status Store::ReclaimUnwrittenStore() {
+  // A store whose header was never written belongs to its creator while it
+  // lives; once its host is dead, fenced or gone, nothing will write it, and
+  // the block is freed so that the next open makes the store afresh (it was
+  // bricked for every later open before: issue 13, defect 6).
+  auto found = alloc_.Find(kStoreRegionName);
+  if (!found.ok()) return absl::OkStatus();  // freed meanwhile
+  auto host = membership_.Host(found->owner_host);
+  const bool creator_gone = host.ok() && (host->liveness == runtime::Liveness::kDead ||
+                                          host->liveness == runtime::Liveness::kFenced ||
+                                          host->liveness == runtime::Liveness::kFree);
+  if (!creator_gone) return absl::OkStatus();
+  CXLRT_LOG(kWarning) << "the KV store of " << pool_.name() << " was never written by host slot "
+                      << found->owner_host << ", which is " << runtime::LivenessName(host->liveness)
+                      << ": freeing it";
+  absl::Status s = alloc_.FreeNamed(kStoreRegionName);
+  return s.ok() || absl::IsNotFound(s) ? absl::OkStatus() : s;
+}
+
 absl::Status Store::Init() {
   auto view = StoreView::Open(pool_);
+  if (Unwritten(view)) {
+    CXLRT_RETURN_IF_ERROR(ReclaimUnwrittenStore());
+    view = StoreView::Open(pool_);
+  }
   if (!view.ok() && view.status().code() == absl::StatusCode::kNotFound && options_.create) {
     CXLRT_ASSIGN_OR_RETURN(StoreHeaderLayout h,
                            kv_internal::PlanStore(options_, pool_.host_slots()));
@@ -145,6 +174,7 @@ absl::Status Store::Init() {
         c_.CopyToPool(*off + done, kZeros,
                       std::min<uint64_t>(sizeof(kZeros), h.store_bytes - done));
       }
+      CXLRT_FAULT_POINT("kv.create.zeroed");
       c_.PublishObject(*off, h);
       CXLRT_LOG(kInfo) << "host " << me_ << " made the KV store of " << pool_.name() << " ("
                        << h.hosts << " hosts x " << h.entries_per_host << " entries, "
@@ -154,12 +184,17 @@ absl::Status Store::Init() {
     }
     view = StoreView::Open(pool_);
   }
-  // Another host may be making it: wait for its header, within a deadline.
+  // Another host may be making it: wait for its header, within a deadline;
+  // a creator that died meanwhile is found out by its lease.
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (!view.ok() && view.status().code() == absl::StatusCode::kDataLoss &&
-         absl::StrContains(view.status().message(), "not written") && absl::Now() < deadline) {
+  while (Unwritten(view) && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(1));
+    CXLRT_RETURN_IF_ERROR(ReclaimUnwrittenStore());
     view = StoreView::Open(pool_);
+    if (view.ok() || view.status().code() != absl::StatusCode::kNotFound || !options_.create) {
+      continue;
+    }
+    return Init();  // reclaimed: make it
   }
   if (!view.ok()) return view.status();
   view_ = std::move(*view);
@@ -999,9 +1034,15 @@ absl::StatusOr<std::vector<EntryInfo>> ListEntries(const runtime::Pool& pool,
 }
 
 absl::Status Audit(const runtime::Pool& pool, std::vector<std::string>* problems) {
-  CXLRT_ASSIGN_OR_RETURN(auto view, StoreView::Open(pool));
+  auto view = StoreView::Open(pool);
+  if (!view.ok()) {
+    // A store that cannot be opened is a problem of the pool like any other:
+    // listed, so that a failed check never reads "0 problems".
+    if (problems) problems->emplace_back(view.status().message());
+    return view.status();
+  }
   std::vector<std::string> found;
-  view->Audit(&found);
+  (*view)->Audit(&found);
   if (problems) problems->insert(problems->end(), found.begin(), found.end());
   if (found.empty()) return absl::OkStatus();
   return absl::DataLossError(absl::StrCat("KV store of ", pool.name(), ": ", found.size(),

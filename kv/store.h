@@ -188,6 +188,7 @@ class Store {
   struct Found;
   explicit Store(allocator::Allocator& alloc, const StoreOptions& options);
   absl::Status Init();
+  absl::Status ReclaimUnwrittenStore();
   absl::Status RecoverPartition();
 
   // Namespaces: the id of `ns`, registering it when `create` (kNotFound

@@ -56,6 +56,8 @@ constexpr FaultPointInfo kFaultPoints[] = {
      "and the intent record is still set"},
     {"kv.put.copied",
      "a KV put copied its value into its (private) block; its entry is written but not sealed"},
+    {"kv.create.zeroed",
+     "a new KV store's block is allocated and zeroed; its header is not written yet"},
     {"kv.evict.unsealed",
      "a KV eviction unsealed its entries (state evicting); their blocks are still durable"},
     {"coll.round.posted",

@@ -196,9 +196,10 @@ TEST_F(PoolTest, WrongVersionIsDataLoss) {
   std::string uri = MakePool();
   PoolFile f(uri);
   auto h = f.Header();
-  h.format_version = 2;
+  h.format_version = kPoolFormatVersion + 1;
   f.PutHeader(h);
-  CXLRT_EXPECT_ERROR(Pool::Open(uri), absl::StatusCode::kDataLoss, "format version is 2");
+  CXLRT_EXPECT_ERROR(Pool::Open(uri), absl::StatusCode::kDataLoss,
+                     absl::StrCat("format version is ", kPoolFormatVersion + 1));
 }
 
 TEST_F(PoolTest, BadChecksumIsDataLoss) {

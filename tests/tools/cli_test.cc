@@ -48,7 +48,7 @@ TEST(CliTest, PoolLifecycle) {
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["size"], 256u << 20);
   EXPECT_EQ(j["coherence"], "hardware");
-  EXPECT_EQ(j["format"]["version"], 1);
+  EXPECT_EQ(j["format"]["version"], 2);
   EXPECT_EQ(j["format"]["host_slots"], 64);
   EXPECT_TRUE(j["hosts"].empty());
 
