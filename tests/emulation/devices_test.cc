@@ -72,7 +72,8 @@ TEST(DevicesTest, APoolOfFourDevicesHasFourBackings) {
   EXPECT_EQ((*pool)->devices().count(), 4u);
   EXPECT_EQ((*pool)->header().device_count, 4u);
   EXPECT_EQ((*pool)->header().device_size, 8u << 20);
-  const auto& devs = (*pool)->backend().info().devices;
+  // A copy: the loop after pool->reset() below reads the paths.
+  const auto devs = (*pool)->backend().info().devices;
   ASSERT_EQ(devs.size(), 4u);
   auto parsed = runtime::ParsePoolUri(uri);
   for (uint32_t d = 0; d < 4; ++d) {
