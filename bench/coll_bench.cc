@@ -117,7 +117,7 @@ void Store(DataType t, void* buf, size_t i, double v) {
     case DataType::kUint64:
       return StoreAs<uint64_t>(buf, i, v);
     case DataType::kFloat16:
-      return StoreAs<_Float16>(buf, i, v);
+      return StoreAs<collectives::Half>(buf, i, v);
     case DataType::kBfloat16: {  // small integers: the top half of the fp32 is exact
       const float f = static_cast<float>(v);
       uint32_t u;

@@ -33,10 +33,10 @@ struct Traits {
   [[gnu::always_inline]] static T Store(Acc a) { return a; }
 };
 template <>
-struct Traits<_Float16> {
+struct Traits<Half> {
   using Acc = float;
-  [[gnu::always_inline]] static Acc Load(_Float16 v) { return static_cast<float>(v); }
-  [[gnu::always_inline]] static _Float16 Store(Acc a) { return static_cast<_Float16>(a); }
+  [[gnu::always_inline]] static Acc Load(Half v) { return static_cast<float>(v); }
+  [[gnu::always_inline]] static Half Store(Acc a) { return static_cast<Half>(a); }
 };
 template <>
 struct Traits<Bf16> {
@@ -219,7 +219,7 @@ std::optional<RedOp> ParseRedOp(absl::string_view name) {
     case DataType::kUint64:
       return ReduceOp<uint64_t>(op, out, srcs, n, count, avg_divisor);
     case DataType::kFloat16:
-      return ReduceOp<_Float16>(op, out, srcs, n, count, avg_divisor);
+      return ReduceOp<Half>(op, out, srcs, n, count, avg_divisor);
     case DataType::kBfloat16:
       return ReduceOp<Bf16>(op, out, srcs, n, count, avg_divisor);
     case DataType::kFloat32:

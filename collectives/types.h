@@ -12,6 +12,15 @@
 
 namespace cxlrt::collectives {
 
+// IEEE binary16 as a C++ type: _Float16 (g++, clang 15 and later), else
+// clang's storage-only __fp16, which converts to and from float with the
+// same round-to-nearest-even (clang 14 has no _Float16 on x86).
+#if defined(__clang__) && __clang_major__ < 15
+using Half = __fp16;
+#else
+using Half = _Float16;
+#endif
+
 enum class DataType : uint8_t {
   kInt8,
   kUint8,

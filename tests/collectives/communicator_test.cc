@@ -93,7 +93,7 @@ void Store(DataType t, void* buf, size_t i, double v) {
       reinterpret_cast<uint64_t*>(b)[i] = static_cast<uint64_t>(v);
       break;
     case DataType::kFloat16:
-      reinterpret_cast<_Float16*>(b)[i] = static_cast<_Float16>(static_cast<float>(v));
+      reinterpret_cast<Half*>(b)[i] = static_cast<Half>(static_cast<float>(v));
       break;
     case DataType::kBfloat16:
       reinterpret_cast<uint16_t*>(b)[i] = RefBf16(static_cast<float>(v));
@@ -141,7 +141,7 @@ void RefReduce(DataType t, RedOp op, int n, size_t i, void* out, size_t o) {
   switch (t) {
     case DataType::kFloat16: {
       const float f = fold(0.0f, [&](double v) { return static_cast<float>(v); });
-      reinterpret_cast<_Float16*>(b)[o] = static_cast<_Float16>(f);
+      reinterpret_cast<Half*>(b)[o] = static_cast<Half>(f);
       return;
     }
     case DataType::kBfloat16: {
@@ -1043,7 +1043,7 @@ TEST(RankFromEnvironmentTest, ReadsEveryLauncherAndRejectsNonsense) {
 TEST(ReduceTest, SixteenBitFloatsAccumulateInFp32AndIntegersWrap) {
   // 2048 + 1 + 1 in fp16: pairwise in fp16 the ones vanish (2049 is not an
   // fp16 value); accumulated in fp32 and rounded once they do not.
-  _Float16 a[1] = {2048}, b[1] = {1}, c[1] = {1}, out[1];
+  Half a[1] = {2048}, b[1] = {1}, c[1] = {1}, out[1];
   const void* srcs[] = {a, b, c};
   Reduce(DataType::kFloat16, RedOp::kSum, out, srcs, 3, 1, 3);
   EXPECT_EQ(static_cast<float>(out[0]), 2050.0f);
