@@ -311,7 +311,8 @@ absl::Status Communicator::Join() {
           auto got = read_header(found->offset, found->size);
           if (!got || !creator_alive(*got)) return false;
           if (got->nranks == static_cast<uint32_t>(nranks_) &&
-              found->size >= sizeof(CommHeaderLayout) + uint64_t{got->nranks} * sizeof(RankLayout)) {
+              found->size >=
+                  sizeof(CommHeaderLayout) + uint64_t{got->nranks} * sizeof(RankLayout)) {
             const PoolOffset mine =
                 found->offset + sizeof(CommHeaderLayout) + uint64_t(rank_) * sizeof(RankLayout);
             if (c_.LoadFlag(mine) != static_cast<uint64_t>(JoinState::kNone)) return false;

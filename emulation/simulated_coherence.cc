@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <string_view>
 #include <mutex>
+#include <string_view>
 
 #include "absl/container/btree_map.h"
 

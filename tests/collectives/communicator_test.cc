@@ -401,6 +401,23 @@ absl::StatusOr<RankHost> OpenRankHost(const std::string& uri) {
   return h;
 }
 
+// Waits up to `within` for rank 0 of `name` to publish its header; returns the
+// block and header, or nullopt.
+std::optional<std::pair<allocator::NamedBlock, CommHeaderLayout>> AwaitHeader(
+    RankHost& h, const std::string& name, absl::Duration within) {
+  runtime::Coherence& c = h.pool->coherence();
+  const absl::Time end = absl::Now() + within;
+  while (absl::Now() < end) {
+    auto b = h.alloc->Find(name);
+    if (b.ok()) {
+      auto hdr = c.FetchObject<CommHeaderLayout>(b->offset);
+      if (hdr.magic == kCommMagic) return std::make_pair(*b, hdr);
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return std::nullopt;
+}
+
 // Body of the lifecycle tests: 30 rounds of Create / AllReduce / Destroy
 // of one name, with a canary block in the freed block's place.
 std::string CycleCommunicators(Communicator& comm, allocator::Allocator& alloc, bool one_core) {
@@ -800,18 +817,12 @@ TEST_P(CollectivesTest, AJoinerRefusesAHeaderWithBadBufferSizes) {
       runtime::Coherence& c = h->pool->coherence();
       // Wait for rank 0's header, then damage it as a hostile pool would
       // (a valid checksum over the bad size).
-      absl::Time end = absl::Now() + absl::Seconds(3);
-      absl::StatusOr<allocator::NamedBlock> b;
-      for (;;) {
-        b = h->alloc->Find("comm/badhdr");
-        if (b.ok() && c.FetchObject<CommHeaderLayout>(b->offset).magic == kCommMagic) break;
-        if (absl::Now() > end) return 4;
-        absl::SleepFor(absl::Milliseconds(5));
-      }
-      auto hdr = c.FetchObject<CommHeaderLayout>(b->offset);
+      auto made = AwaitHeader(*h, "comm/badhdr", absl::Seconds(3));
+      if (!made) return 4;
+      auto& [b, hdr] = *made;
       hdr.p2p_bytes = bad;
       hdr.checksum = runtime::Crc32c(&hdr, offsetof(CommHeaderLayout, checksum));
-      c.PublishObject(b->offset, hdr);
+      c.PublishObject(b.offset, hdr);
       auto comm = Communicator::Create(*h->alloc, "badhdr", 2, 1, o);
       if (comm.ok()) return 5;
       if (comm.status().code() != absl::StatusCode::kDataLoss ||
@@ -854,18 +865,12 @@ TEST_P(CollectivesTest, APostShorterThanTheCallIsDataLossNotAnOverRead) {
     auto h = OpenRankHost(uri_);
     if (!h.ok()) return 2;
     runtime::Coherence& c = h->pool->coherence();
-    absl::Time end = absl::Now() + absl::Seconds(5);
-    absl::StatusOr<allocator::NamedBlock> b;
-    CommHeaderLayout hdr;
-    for (;;) {
-      b = h->alloc->Find("comm/short");
-      if (b.ok() && (hdr = c.FetchObject<CommHeaderLayout>(b->offset)).magic == kCommMagic) break;
-      if (absl::Now() > end) return 3;
-      absl::SleepFor(absl::Milliseconds(5));
-    }
+    auto made = AwaitHeader(*h, "comm/short", absl::Seconds(5));
+    if (!made) return 3;
+    auto& [b, hdr] = *made;
     auto slot = h->alloc->Allocate(hdr.slot_bytes);
     if (!slot.ok()) return 4;
-    const runtime::PoolOffset rank1 = b->offset + sizeof(CommHeaderLayout) + sizeof(RankLayout);
+    const runtime::PoolOffset rank1 = b.offset + sizeof(CommHeaderLayout) + sizeof(RankLayout);
     JoinLayout me = {};
     me.instance = hdr.instance;
     me.host_slot = h->membership->slot();
