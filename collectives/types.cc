@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <type_traits>
 
 namespace cxlrt::collectives {
@@ -174,12 +175,14 @@ size_t SizeOf(DataType t) {
 const char* DataTypeName(DataType t) {
   static const char* const kNames[] = {"int8",   "uint8",   "int32",    "uint32",  "int64",
                                        "uint64", "float16", "bfloat16", "float32", "float64"};
-  return kNames[static_cast<int>(t)];
+  const auto i = static_cast<size_t>(t);
+  return i < std::size(kNames) ? kNames[i] : "?";
 }
 
 const char* RedOpName(RedOp op) {
   static const char* const kNames[] = {"sum", "prod", "min", "max", "avg"};
-  return kNames[static_cast<int>(op)];
+  const auto i = static_cast<size_t>(op);
+  return i < std::size(kNames) ? kNames[i] : "?";
 }
 
 std::optional<DataType> ParseDataType(absl::string_view name) {

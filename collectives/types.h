@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
 
@@ -12,14 +13,30 @@
 
 namespace cxlrt::collectives {
 
-// IEEE binary16 as a C++ type: _Float16 (g++, clang 15 and later), else
-// clang's storage-only __fp16, which converts to and from float with the
-// same round-to-nearest-even (clang 14 has no _Float16 on x86).
+// IEEE binary16: 16 bits of storage, converted to and from float with
+// round-to-nearest-even by the compiler's half type: _Float16 (g++, clang 15
+// and later) or clang 14's storage-only __fp16, which cannot be a parameter
+// or return type; hence a class over the bits rather than an alias.
+struct Half {
 #if defined(__clang__) && __clang_major__ < 15
-using Half = __fp16;
+  using Native = __fp16;
 #else
-using Half = _Float16;
+  using Native = _Float16;
 #endif
+  uint16_t bits;
+
+  Half() = default;
+  explicit Half(float f) {
+    const Native h = static_cast<Native>(f);
+    std::memcpy(&bits, &h, sizeof bits);
+  }
+  explicit operator float() const {
+    Native h;
+    std::memcpy(&h, &bits, sizeof h);
+    return static_cast<float>(h);
+  }
+};
+static_assert(sizeof(Half) == 2);
 
 enum class DataType : uint8_t {
   kInt8,
@@ -41,7 +58,8 @@ inline constexpr int kNumRedOps = 5;
 // Bytes of one element.
 size_t SizeOf(DataType t);
 // "int8" ... "float64" (nccl-tests spells fp16/bf16 "half"/"bfloat16"; we
-// take both when parsing).
+// take both when parsing). A value outside the enum (read from a peer's
+// post) is "?".
 const char* DataTypeName(DataType t);
 const char* RedOpName(RedOp op);
 std::optional<DataType> ParseDataType(absl::string_view name);

@@ -17,6 +17,7 @@ PACKAGES=(
   nlohmann-json3-dev
   python3
   spin
+  clang libclang-rt-14-dev llvm
 )
 
 missing=()
