@@ -174,6 +174,14 @@ void Coherence::OutOfRange(PoolOffset off, size_t n) const {
   std::abort();
 }
 
+void Coherence::Misaligned(PoolOffset flag) const {
+  std::fprintf(stderr,
+               "cxlrt: FATAL: pool flag at %#llx is not 8-byte aligned "
+               "(an unvalidated offset reached the coherence layer)\n",
+               static_cast<unsigned long long>(flag));
+  std::abort();
+}
+
 absl::Status Coherence::WaitFlag(PoolOffset flag, uint64_t expected, absl::Time deadline,
                                  WaitWatch* watch) {
   std::string what = absl::StrCat("flag at pool offset ", absl::Hex(flag), " to reach ", expected);

@@ -103,6 +103,7 @@ class Coherence {
   // Stores a flag and publishes it. REQUIRES: `flag` 8-byte aligned, one writer.
   void StoreFlag(PoolOffset flag, uint64_t value) {
     const int64_t t = Start(flag, 8);
+    CheckFlag(flag);
     DoStoreFlag(flag, value);
     Charge(flag, 8, true, t);
   }
@@ -115,6 +116,7 @@ class Coherence {
   // Loads the current value of a flag, as published by its writer.
   uint64_t LoadFlag(PoolOffset flag) {
     const int64_t t = Start(flag, 8);
+    CheckFlag(flag);
     const uint64_t v = DoLoadFlag(flag);
     Charge(flag, 8, true, t);
     return v;
@@ -263,10 +265,16 @@ class Coherence {
   void CheckRange(PoolOffset off, size_t n) const {
     if (off > size_ || n > size_ - off) OutOfRange(off, n);
   }
+  // Aborts with a message when a flag is not 8-byte aligned (its load or
+  // store would not be atomic).
+  void CheckFlag(PoolOffset flag) const {
+    if (flag % 8 != 0) Misaligned(flag);
+  }
   uint8_t* At(PoolOffset off) const { return base_ + off; }
 
  private:
   [[noreturn]] void OutOfRange(PoolOffset off, size_t n) const;
+  [[noreturn]] void Misaligned(PoolOffset flag) const;
 
   int64_t Start(PoolOffset off, size_t n) const {
     CheckRange(off, n);

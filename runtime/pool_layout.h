@@ -1,4 +1,4 @@
-// The pool format, version 1: the structs that live in pool memory.
+// The pool format, version 2 (kPoolFormatVersion): the structs that live in pool memory.
 // docs/pool-format.md is the specification; this file must match it.
 //
 //   [0, 4 KiB)                 PoolHeaderLayout, then zeros

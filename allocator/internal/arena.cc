@@ -148,10 +148,12 @@ absl::StatusOr<AllocatorHeaderLayout> ReadAllocatorHeader(const runtime::Pool& p
               h.meta_segments >= 1 && h.meta_segments < h.segment_count && cap_ok &&
               h.row_stride >= uint64_t{h.host_slots} * 8 && h.row_stride % 128 == 0 &&
               region.size == uint64_t{h.meta_segments} * kSegmentSize;
-  // The tables, in order, each after the one before and all inside the
-  // metadata segments; every sum and product checked for overflow (a
-  // header with a valid checksum and segment_table = 2^64 - 64 * count
-  // passed the plain sums and aborted every opener: issue 13, defect 9).
+  // The tables, in order, each on a line boundary, after the one before
+  // and all inside the metadata segments; every sum and product checked for
+  // overflow (a header with a valid checksum and segment_table = 2^64 - 64 *
+  // count passed the plain sums and aborted every opener: issue 13, defect
+  // 9; a misaligned ring_heads, found by pool_bytes_fuzz, made every flag
+  // load of the rings misaligned).
   const uint64_t meta_end = h.first_segment + uint64_t{h.meta_segments} * kSegmentSize;
   const uint64_t ring_row =
       RoundUp(uint64_t{h.host_slots} * h.ring_capacity * sizeof(RingEntryLayout), 128);
@@ -166,8 +168,8 @@ absl::StatusOr<AllocatorHeaderLayout> ReadAllocatorHeader(const runtime::Pool& p
   for (const auto& t : tables) {
     if (!fits) break;
     uint64_t t_end = 0;
-    fits =
-        t.start >= end && runtime::TableEnd(t.start, t.count, t.each, &t_end) && t_end <= meta_end;
+    fits = t.start >= end && t.start % 64 == 0 &&
+           runtime::TableEnd(t.start, t.count, t.each, &t_end) && t_end <= meta_end;
     end = t_end;
   }
   if (!fits) {

@@ -1,16 +1,22 @@
 // libFuzzer harness for everything that parses pool bytes: the pool header,
 // host table and region directory (Pool::Open and Check), the allocator's
-// header, segment table and arenas (allocator::Audit), and the KV store's
-// header, partitions and entries (kv::Audit).
+// header, segment table, segment headers and arenas (allocator::Audit), and
+// the KV store's header, namespaces, partitions and entries (kv::Audit).
 //
 // A valid pool image (allocator, KV store with entries, a named block) is
-// made once; each input is a list of patches applied to a fresh copy of it:
-//   repeated { u32 offset (little-endian, taken modulo the patched span);
-//              u8 length; length bytes }
+// made once, and with it a table of its records: each checksummed record
+// (with the function that seals it) and the unsealed areas parsers read.
+// Each input is applied to a fresh copy of the image:
+//   u8 flags (bit 0: re-seal every record a patch touched, so the readers
+//   see bytes that are corrupt yet pass their checksum, as a buggy or
+//   hostile host would write them);
+//   then repeated { u16 record (modulo records + 1; the extra one is the
+//   raw image, offset x 64); u16 offset in the record; u8 length; bytes }.
 // The readers must answer every image with OK or an error: a crash, an
 // abort ("unvalidated offset reached the coherence layer" included), a
 // hang or a sanitizer report is a finding. Run by ctest for a bounded time
-// (tests/CMakeLists.txt); see docs/testing.md.
+// with the seeds of tests/fuzz/corpus/pool_bytes (tests/CMakeLists.txt);
+// see docs/testing.md.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -19,35 +25,128 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "allocator/allocator.h"
+#include "allocator/internal/arena.h"
+#include "kv/internal/store_view.h"
 #include "kv/store.h"
 #include "runtime/membership.h"
 #include "runtime/pool.h"
+#include "runtime/pool_layout.h"
 
 namespace {
 
 using namespace cxlrt;  // NOLINT: a harness
 
-constexpr uint64_t kPoolBytes = 16ull << 20;
-// Patches land in the first kSpan bytes: header, host table, directory and
-// the heap's metadata segment (allocator tables, KV store), where parsers
-// read; data blocks beyond hold only values.
-constexpr uint64_t kSpan = 4ull << 20;
-
-struct Image {
-  std::string uri;
-  std::string path;
-  std::vector<uint8_t> bytes;
-  uint8_t* map = nullptr;
-};
+constexpr uint64_t kPoolBytes = 32ull << 20;
 
 [[noreturn]] void Die(const std::string& what) {
   std::fprintf(stderr, "pool_bytes_fuzz setup: %s\n", what.c_str());
   std::abort();
+}
+
+// A span of the image that readers parse; `seal` recomputes its checksum
+// (null: the record has none).
+struct Record {
+  uint64_t at;
+  uint64_t size;
+  std::function<void(uint8_t*)> seal;
+};
+
+struct Image {
+  std::string uri;
+  std::string path;
+  std::vector<uint8_t> bytes;  // the valid image's first `span` bytes
+  uint64_t span = 0;           // every record lies below it
+  std::vector<Record> records;
+  uint8_t* map = nullptr;
+};
+
+// Sealed by `sum` over the record as its layout type L, into L::checksum.
+template <typename L>
+Record Sealed(uint64_t at, uint32_t (*sum)(const L&)) {
+  return {at, sizeof(L), [sum](uint8_t* p) {
+            L l;
+            std::memcpy(&l, p, sizeof l);
+            l.checksum = sum(l);
+            std::memcpy(p, &l, sizeof l);
+          }};
+}
+
+template <typename L>
+L At(const uint8_t* base, uint64_t at) {
+  L l;
+  std::memcpy(&l, base + at, sizeof l);
+  return l;
+}
+
+// Every record of a valid image.
+std::vector<Record> Records(const uint8_t* img, const runtime::Pool& pool) {
+  namespace ai = allocator_internal;
+  namespace ki = kv_internal;
+  std::vector<Record> r;
+  const auto ph = At<runtime::PoolHeaderLayout>(img, 0);
+  r.push_back(Sealed<runtime::PoolHeaderLayout>(0, runtime::HeaderChecksum));
+  for (uint32_t i = 0; i < ph.host_slot_count; ++i) {
+    const uint64_t slot = ph.host_table_offset + i * sizeof(runtime::HostSlotLayout);
+    r.push_back(Sealed<runtime::HostOwnerLineLayout>(slot, runtime::OwnerLineChecksum));
+    r.push_back(Sealed<runtime::HostControlLineLayout>(
+        slot + offsetof(runtime::HostSlotLayout, control), runtime::ControlLineChecksum));
+    r.push_back({slot + offsetof(runtime::HostSlotLayout, bakery), 64, nullptr});
+  }
+  for (uint32_t i = 0; i < ph.directory_entry_count; ++i) {
+    r.push_back(Sealed<runtime::RegionEntryLayout>(
+        ph.directory_offset + i * sizeof(runtime::RegionEntryLayout),
+        runtime::RegionEntryChecksum));
+  }
+  auto region = pool.FindRegion(allocator::kAllocatorRegionName);
+  if (!region.ok()) Die(region.status().ToString());
+  const auto ah = At<allocator::AllocatorHeaderLayout>(img, region->offset);
+  r.push_back(
+      Sealed<allocator::AllocatorHeaderLayout>(region->offset, ai::AllocatorHeaderChecksum));
+  for (uint32_t i = 0; i < ah.segment_count; ++i) {
+    const uint64_t e = ah.segment_table + i * sizeof(allocator::SegmentEntryLayout);
+    r.push_back(Sealed<allocator::SegmentEntryLayout>(e, ai::EntryChecksum));
+    const auto entry = At<allocator::SegmentEntryLayout>(img, e);
+    const auto state = static_cast<allocator::SegmentState>(entry.state);
+    if (state == allocator::SegmentState::kSlab || state == allocator::SegmentState::kPages) {
+      const uint64_t seg = ah.first_segment + i * allocator::kSegmentSize;
+      r.push_back(Sealed<allocator::SegmentHeaderLayout>(seg, ai::SegmentHeaderChecksum));
+      r.push_back({seg + allocator::kAllocBitmapOffset, 64, nullptr});
+      r.push_back({seg + allocator::kDurableBitmapOffset, 64, nullptr});
+      r.push_back({seg + allocator::kRunLengthOffset, 64, nullptr});
+    }
+  }
+  for (uint32_t i = 0; i < ah.host_slots; ++i) {
+    r.push_back({ah.arenas + i * allocator::kArenaSize, allocator::kArenaSize, nullptr});
+    r.push_back({ah.ring_heads + i * ah.row_stride, 64, nullptr});
+    r.push_back({ah.ring_tails + i * ah.row_stride, 64, nullptr});
+  }
+  auto store = pool.FindRegion(kv::kStoreRegionName);
+  if (!store.ok()) Die(store.status().ToString());
+  const uint64_t base = store->offset;
+  const auto sh = At<kv::StoreHeaderLayout>(img, base);
+  r.push_back(Sealed<kv::StoreHeaderLayout>(base, ki::HeaderChecksum));
+  for (uint32_t n = 0; n < sh.max_namespaces; ++n) {
+    r.push_back(Sealed<kv::NamespaceLayout>(
+        base + sh.namespaces_offset + n * sizeof(kv::NamespaceLayout), ki::NamespaceChecksum));
+  }
+  for (uint32_t p = 0; p < sh.hosts; ++p) {
+    const uint64_t part = base + sh.partitions_offset + p * sh.partition_stride;
+    r.push_back({part, sizeof(kv::PartitionHeaderLayout), nullptr});
+    r.push_back({part + sh.counters_offset, sizeof(kv::NsCountersLayout), nullptr});
+    r.push_back({part + sh.pins_offset, sh.pins_per_host * sizeof(kv::PinLayout), nullptr});
+    for (uint32_t e = 0; e < sh.entries_per_host; ++e) {
+      const uint64_t at = part + sh.entries_offset + e * sizeof(kv::EntryLayout);
+      // Empty slots too: a reader must refuse a sealed entry it never wrote.
+      r.push_back(Sealed<kv::EntryLayout>(at, ki::EntryChecksum));
+    }
+  }
+  return r;
 }
 
 Image MakeImage() {
@@ -57,7 +156,7 @@ Image MakeImage() {
   im.uri = absl::StrCat("emu://", name, "?dir=", dir);
   im.path = absl::StrCat(dir, "/cxlrt-", name, ".pool");
   {
-    auto pool = runtime::Pool::Create(absl::StrCat(im.uri, "&size=16M&hosts=4"));
+    auto pool = runtime::Pool::Create(absl::StrCat(im.uri, "&size=32M&hosts=4"));
     if (!pool.ok()) Die(pool.status().ToString());
     runtime::AttachOptions ao;
     ao.host_id = -1;
@@ -74,9 +173,12 @@ Image MakeImage() {
     if (!st.ok()) Die(st.status().ToString());
     for (int i = 0; i < 8; ++i) {
       std::string v(100 + 700 * i, static_cast<char>('a' + i));
-      if (!(*st)->Put("ns", absl::StrCat("key", i), v.data(), v.size()).ok()) Die("put");
+      const absl::Status put = (*st)->Put("ns", absl::StrCat("key", i), v.data(), v.size());
+      if (!put.ok()) Die(put.ToString());
     }
-    if (!(*a)->AllocateNamed("named", 5000).ok()) Die("named");
+    if (auto named = (*a)->AllocateNamed("named", 5000); !named.ok()) {
+      Die(named.status().ToString());
+    }
     st->reset();
     if (!(*a)->Close().ok()) Die("close");
     if (!(*m)->Detach().ok()) Die("detach");
@@ -87,7 +189,12 @@ Image MakeImage() {
       static_cast<uint8_t*>(mmap(nullptr, kPoolBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
   close(fd);
   if (im.map == MAP_FAILED) Die("mmap");
-  im.bytes.assign(im.map, im.map + kSpan);
+  auto pool = runtime::Pool::Open(im.uri);
+  if (!pool.ok()) Die(pool.status().ToString());
+  im.records = Records(im.map, **pool);
+  for (const Record& r : im.records) im.span = std::max(im.span, r.at + r.size);
+  if (im.span > kPoolBytes) Die("a record past the pool's end");
+  im.bytes.assign(im.map, im.map + im.span);
   return im;
 }
 
@@ -101,24 +208,50 @@ void RemoveImage() { unlink(TheImage().path.c_str()); }
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  TheImage();
+  const Image& im = TheImage();
   std::atexit(RemoveImage);
+  if (std::getenv("CXLRT_FUZZ_LIST_RECORDS") != nullptr) {  // to write seeds by hand
+    for (size_t i = 0; i < im.records.size(); ++i) {
+      const Record& r = im.records[i];
+      std::printf("%zu at 0x%llx size %llu%s\n", i, static_cast<unsigned long long>(r.at),
+                  static_cast<unsigned long long>(r.size), r.seal ? " sealed" : "");
+    }
+    std::exit(0);
+  }
   return 0;
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Image& im = TheImage();
   std::memcpy(im.map, im.bytes.data(), im.bytes.size());
-  for (size_t i = 0; i + 5 <= size;) {
-    uint32_t off;
-    std::memcpy(&off, data + i, 4);
+  if (size == 0) return 0;
+  const bool reseal = data[0] & 1;
+  std::vector<const Record*> touched;
+  for (size_t i = 1; i + 5 <= size;) {
+    uint16_t which, off;
+    std::memcpy(&which, data + i, 2);
+    std::memcpy(&off, data + i + 2, 2);
     const size_t len = data[i + 4];
     i += 5;
     const size_t n = std::min(len, size - i);
-    const uint64_t at = off % kSpan;
-    const size_t fit = std::min<uint64_t>(n, kSpan - at);
-    std::memcpy(im.map + at, data + i, fit);
+    const size_t which_n = which % (im.records.size() + 1);
+    uint64_t at, end;
+    if (which_n == im.records.size()) {  // raw
+      at = (uint64_t{off} * 64) % im.span;
+      end = im.span;
+    } else {
+      const Record& r = im.records[which_n];
+      at = r.at + off % r.size;
+      end = r.at + r.size;
+      touched.push_back(&r);
+    }
+    std::memcpy(im.map + at, data + i, std::min<uint64_t>(n, end - at));
     i += n;
+  }
+  if (reseal) {
+    for (const Record* r : touched) {
+      if (r->seal) r->seal(im.map + r->at);
+    }
   }
   auto pool = runtime::Pool::Open(im.uri);
   if (!pool.ok()) return 0;  // refused: fine, if it said why

@@ -161,6 +161,10 @@ TEST_P(CoherenceTest, AnOffsetOutsideThePoolAbortsInsteadOfTouchingOtherMemory) 
   EXPECT_DEATH(c.Read(&byte, pool_->size(), 1), "outside the pool");
   EXPECT_DEATH(c.Write(pool_->size() - 4, &byte, 8), "outside the pool");
   EXPECT_DEATH(c.LoadFlag(UINT64_MAX - 3), "outside the pool");
+  // A misaligned flag would not be loaded or stored atomically (found by
+  // pool_bytes_fuzz: an allocator header with ring_heads off a line).
+  EXPECT_DEATH(c.LoadFlag(pool_->size() / 2 + 1), "not 8-byte aligned");
+  EXPECT_DEATH(c.StoreFlag(pool_->size() / 2 + 4, 1), "not 8-byte aligned");
 }
 
 INSTANTIATE_TEST_SUITE_P(Domains, CoherenceTest,
