@@ -336,6 +336,67 @@ TEST_P(RedoCrashTest, RecoveryFinishesTheStepTheHostDiedIn) {
   EXPECT_EQ(BytesInUse(*survivor->pool), 0u);
 }
 
+// Issue 13, defect 5: recovery stores the intent record's word with a
+// partial publish. The survivor held a stale copy of the word's line (it
+// had read it before the victim changed the line's other words); writing
+// that copy back whole would undo the victim's other words (in the KV
+// store: a committed put's gen and block beside its new seal). Simulated
+// domain, where caches are not coherent.
+TEST(RedoStaleLineTest, RecoveryKeepsTheOtherWordsOfTheLineItStoresInto) {
+  TempDir dir;
+  const std::string create = PoolUri(dir, "coherence=simulated", "64M");
+  ASSERT_TRUE(Pool::Create(create).ok());
+  const std::string uri = OpenUri(create);
+  auto survivor = Attach(uri, std::nullopt, absl::ZeroDuration());
+  ASSERT_TRUE(survivor.ok()) << survivor.status();
+  runtime::Coherence& c = survivor->pool->coherence();
+  int ready[2], go[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(go), 0);
+  auto* shared = static_cast<uint64_t*>(
+      mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  pid_t victim = Spawn([&]() -> int {
+    auto h = Attach(uri);
+    if (!h.ok()) return 10;
+    shared[0] = h->membership->slot();
+    auto words = h->alloc->AllocateNamed("victim/words", 64);
+    if (!words.ok()) return 11;
+    const uint64_t before[8] = {0, 1, 1, 1, 1, 1, 1, 1};
+    h->pool->coherence().Publish(*words, before, sizeof(before));
+    char ch = 'r';
+    if (write(ready[1], &ch, 1) != 1 || read(go[0], &ch, 1) != 1) return 12;
+    // The survivor now caches the line; change every word but the first.
+    const uint64_t after[7] = {2, 2, 2, 2, 2, 2, 2};
+    h->pool->coherence().Publish(*words + 8, after, sizeof(after));
+    auto block = h->alloc->Allocate(100);
+    if (!block.ok()) return 13;
+    if (!runtime::ArmFaults("alloc.redo.written:crash").ok()) return 14;
+    (void)h->alloc->CommitDurable(*block, *words, 7);
+    return 15;  // the fault did not fire
+  });
+  char ch;
+  ASSERT_EQ(read(ready[0], &ch, 1), 1);
+  auto words = survivor->alloc->Find("victim/words");
+  ASSERT_TRUE(words.ok()) << words.status();
+  uint64_t seen[8];
+  c.Fetch(seen, words->offset, sizeof(seen));  // cached from here on
+  ASSERT_EQ(seen[1], 1u);
+  ASSERT_EQ(write(go[1], "g", 1), 1);
+  EXPECT_EQ(WaitExit(victim), runtime::kFaultExitCode);
+  const uint32_t victim_slot = static_cast<uint32_t>(shared[0]);
+  munmap(shared, 4096);
+  for (int fd : {ready[0], ready[1], go[0], go[1]}) close(fd);
+
+  ASSERT_EQ(RecoverWithin(*survivor, absl::Seconds(10)), std::vector<uint32_t>{victim_slot});
+  uint64_t got[8];
+  c.Fetch(got, words->offset, sizeof(got));
+  EXPECT_EQ(got[0], 7u) << "recovery stores the committed value";
+  for (int i = 1; i < 8; ++i) {
+    EXPECT_EQ(got[i], 2u) << "word " << i << ": recovery wrote back a stale copy of the line";
+  }
+  ExpectAuditClean(*survivor->pool);
+}
+
 INSTANTIATE_TEST_SUITE_P(Points, RedoCrashTest,
                          ::testing::Values(RedoCase{"alloc.redo.written", false, 100},
                                            RedoCase{"alloc.redo.block_changed", false, 100},
