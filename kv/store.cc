@@ -153,49 +153,53 @@ absl::Status Store::ReclaimUnwrittenStore() {
   return s.ok() || absl::IsNotFound(s) ? absl::OkStatus() : s;
 }
 
-absl::Status Store::Init() {
-  auto view = StoreView::Open(pool_);
-  if (Unwritten(view)) {
-    CXLRT_RETURN_IF_ERROR(ReclaimUnwrittenStore());
-    view = StoreView::Open(pool_);
+absl::Status Store::MakeStore() {
+  CXLRT_ASSIGN_OR_RETURN(StoreHeaderLayout h, kv_internal::PlanStore(options_, pool_.host_slots()));
+  allocator::AllocOptions ao;
+  ao.alignment = 4096;
+  auto off = alloc_.AllocateNamed(kStoreRegionName, h.store_bytes, ao);
+  if (!off.ok()) {
+    // Another host made it first: open theirs.
+    return off.status().code() == absl::StatusCode::kAlreadyExists ? absl::OkStatus()
+                                                                    : off.status();
   }
-  if (!view.ok() && view.status().code() == absl::StatusCode::kNotFound && options_.create) {
-    CXLRT_ASSIGN_OR_RETURN(StoreHeaderLayout h,
-                           kv_internal::PlanStore(options_, pool_.host_slots()));
-    allocator::AllocOptions ao;
-    ao.alignment = 4096;
-    auto off = alloc_.AllocateNamed(kStoreRegionName, h.store_bytes, ao);
-    if (off.ok()) {
-      // Zero the tables (header line first, so nobody reads an old store's
-      // header here), then publish the header: its checksum makes it whole.
-      static const uint8_t kZeros[64 << 10] = {};
-      c_.CopyToPool(*off, kZeros, sizeof(StoreHeaderLayout));
-      for (uint64_t done = 0; done < h.store_bytes; done += sizeof(kZeros)) {
-        c_.CopyToPool(*off + done, kZeros,
-                      std::min<uint64_t>(sizeof(kZeros), h.store_bytes - done));
-      }
-      CXLRT_FAULT_POINT("kv.create.zeroed");
-      c_.PublishObject(*off, h);
-      CXLRT_LOG(kInfo) << "host " << me_ << " made the KV store of " << pool_.name() << " ("
-                       << h.hosts << " hosts x " << h.entries_per_host << " entries, "
-                       << h.store_bytes << " bytes)";
-    } else if (off.status().code() != absl::StatusCode::kAlreadyExists) {
-      return off.status();
-    }
-    view = StoreView::Open(pool_);
+  // Zero the tables (header line first, so nobody reads an old store's
+  // header here), then publish the header: its checksum makes it whole.
+  static const uint8_t kZeros[64 << 10] = {};
+  c_.CopyToPool(*off, kZeros, sizeof(StoreHeaderLayout));
+  for (uint64_t done = 0; done < h.store_bytes; done += sizeof(kZeros)) {
+    c_.CopyToPool(*off + done, kZeros, std::min<uint64_t>(sizeof(kZeros), h.store_bytes - done));
   }
-  // Another host may be making it: wait for its header, within a deadline;
-  // a creator that died meanwhile is found out by its lease.
+  CXLRT_FAULT_POINT("kv.create.zeroed");
+  c_.PublishObject(*off, h);
+  CXLRT_LOG(kInfo) << "host " << me_ << " made the KV store of " << pool_.name() << " ("
+                   << h.hosts << " hosts x " << h.entries_per_host << " entries, " << h.store_bytes
+                   << " bytes)";
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<StoreView>> Store::OpenView() {
+  // One deadline for the whole open, however often a creator dies on us:
+  // a store another host is making is waited for; one whose creator died
+  // unwritten is freed and made again.
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (Unwritten(view) && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));
-    CXLRT_RETURN_IF_ERROR(ReclaimUnwrittenStore());
-    view = StoreView::Open(pool_);
-    if (view.ok() || view.status().code() != absl::StatusCode::kNotFound || !options_.create) {
+  for (;;) {
+    auto view = StoreView::Open(pool_);
+    if (Unwritten(view)) {
+      if (absl::Now() >= deadline) return view;
+      CXLRT_RETURN_IF_ERROR(ReclaimUnwrittenStore());
+      absl::SleepFor(absl::Milliseconds(1));
       continue;
     }
-    return Init();  // reclaimed: make it
+    if (view.ok() || view.status().code() != absl::StatusCode::kNotFound || !options_.create) {
+      return view;
+    }
+    CXLRT_RETURN_IF_ERROR(MakeStore());
   }
+}
+
+absl::Status Store::Init() {
+  auto view = OpenView();
   if (!view.ok()) return view.status();
   view_ = std::move(*view);
   const StoreHeaderLayout& h = view_->h();

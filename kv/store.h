@@ -188,6 +188,11 @@ class Store {
   struct Found;
   explicit Store(allocator::Allocator& alloc, const StoreOptions& options);
   absl::Status Init();
+  // The pool's store, made when missing and options_.create; waits (10 s in
+  // all) for a store another host is writing.
+  absl::StatusOr<std::unique_ptr<kv_internal::StoreView>> OpenView();
+  // Makes the store's block and header; OK when another host made it first.
+  absl::Status MakeStore();
   absl::Status ReclaimUnwrittenStore();
   absl::Status RecoverPartition();
 
