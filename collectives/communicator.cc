@@ -254,11 +254,26 @@ absl::Status Communicator::Join() {
                        " and p2p_bytes ", options_.p2p_bytes, " must each be in [64, 1 GiB]"));
     }
     const Plan plan = PlanFor(nranks_, options_.p2p_bytes);
+    // A host is alive while this process sees its heartbeat move within its
+    // lease, so a creator watched for less than a lease may be dead already
+    // (a job re-run right after one that crashed): look again until a whole
+    // lease has passed (within the deadline) before calling it in use.
+    absl::Time settled = absl::InfiniteFuture();
     for (;;) {
       auto found = alloc_.Find(name_);
       if (found.ok()) {
         auto old = read_header(found->offset, found->size);
         if (old && creator_alive(*old)) {
+          if (settled == absl::InfiniteFuture()) {
+            auto host = m.Host(old->creator_slot);
+            const bool self = host.ok() && host->liveness == runtime::Liveness::kSelf;
+            const absl::Duration lease = host.ok() ? host->lease : m.lease();
+            settled = self ? absl::Now() : std::min(absl::Now() + lease + kYieldFor, deadline);
+          }
+          if (absl::Now() < settled) {
+            absl::SleepFor(kYieldFor);
+            continue;
+          }
           return absl::AlreadyExistsError(absl::StrCat("communicator ", name_,
                                                        " is in use: host slot ", old->creator_slot,
                                                        " made it and is alive"));

@@ -799,6 +799,102 @@ TEST_P(CollectivesTest, ReCreatedCommunicatorsOnOneCoreNeverMixInstances) {
   });
 }
 
+// The lifecycle stress with killed ranks: six generations of ranks (fresh
+// processes, so fresh hosts) create, use and destroy one name; in four a
+// rank dies at a round post (rank 0 too, leaving its block to the next
+// generation's rank 0 to replace). Every result before the death is
+// checked, every survivor must see kAborted naming the dead rank, and each
+// freed block is filled with a canary the test host checks after every
+// later generation: no rank of any generation writes outside its own block.
+TEST_P(CollectivesTest, ReCreatedCommunicatorsSurviveKilledRanksAndWriteNoFreedBlock) {
+  auto tester = OpenRankHost(uri_);
+  ASSERT_TRUE(tester.ok()) << tester.status();
+  runtime::Coherence& c = tester->pool->coherence();
+  struct Canary {
+    runtime::PoolOffset at;
+    uint64_t size;
+    uint8_t seed;
+  };
+  std::vector<Canary> canaries;
+  auto intact = [&](const Canary& k) {
+    std::vector<uint8_t> got(k.size);
+    c.Fetch(got.data(), k.at, k.size);
+    for (uint64_t i = 0; i < k.size; ++i) {
+      if (got[i] != static_cast<uint8_t>(k.seed ^ i)) return false;
+    }
+    return true;
+  };
+  auto* block = static_cast<uint64_t*>(
+      mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(block, MAP_FAILED);
+  const int kVictims[] = {-1, 1, 0, 2, -1, 0};
+  CommOptions o;
+  o.timeout = absl::Seconds(30);
+  for (int gen = 0; gen < 6; ++gen) {
+    SCOPED_TRACE(absl::StrCat("generation ", gen));
+    const int victim = kVictims[gen];
+    const int die_at = 2 + gen % 3;  // the victim's post that kills it
+    block[0] = block[1] = 0;
+    RunRanks(
+        3,
+        [&](Communicator& comm, allocator::Allocator& alloc) -> std::string {
+          const int r = comm.rank();
+          if (r == 0) {
+            auto b = alloc.Find("comm/life");
+            if (!b.ok()) return b.status().ToString();
+            block[0] = b->offset;
+            block[1] = b->size;
+          }
+          if (r == victim) {
+            absl::Status armed = runtime::ArmFaults(absl::StrCat("coll.round.posted:crash:", die_at));
+            if (!armed.ok()) return armed.ToString();
+          }
+          for (int call = 0; call < 6; ++call) {
+            const int64_t base = 1000 * (gen + 1) + 10 * call, x = base + r;
+            int64_t y = 0;
+            absl::Status s = comm.AllReduce(&x, &y, 1, DataType::kInt64, RedOp::kSum);
+            if (s.ok()) {
+              if (y != 3 * base + 3) {
+                return absl::StrCat("call ", call, " gave ", y, ", want ", 3 * base + 3);
+              }
+              continue;
+            }
+            if (victim < 0) return absl::StrCat("call ", call, ": ", s.ToString());
+            if (s.code() != absl::StatusCode::kAborted ||
+                s.message().find(absl::StrCat("rank ", victim)) == std::string::npos) {
+              return absl::StrCat("call ", call, " after rank ", victim,
+                                  " died: not kAborted naming it: ", s.ToString());
+            }
+            comm.Abort();
+            break;
+          }
+          if (r == victim) return "survived its crash point";
+          return "";
+        },
+        absl::Seconds(90), o, "life",
+        [&](int r) { return r == victim ? runtime::kFaultExitCode : 0; });
+    if (HasFailure()) break;
+    for (const Canary& k : canaries) {
+      EXPECT_TRUE(intact(k)) << "a rank of generation " << gen << " wrote the freed block at 0x"
+                             << std::hex << k.at;
+    }
+    // A freed block gets a canary in its place; a block left by a dead rank
+    // 0 stays for the next generation to replace.
+    if (block[1] != 0 && absl::IsNotFound(tester->alloc->Find("comm/life").status())) {
+      auto got = tester->alloc->Allocate(block[1], {.alignment = 2 << 20});
+      ASSERT_TRUE(got.ok()) << got.status();
+      Canary k{*got, block[1], static_cast<uint8_t>(0x5A + gen)};
+      std::vector<uint8_t> fill(k.size);
+      for (uint64_t i = 0; i < k.size; ++i) fill[i] = static_cast<uint8_t>(k.seed ^ i);
+      c.CopyToPool(k.at, fill.data(), fill.size());
+      canaries.push_back(k);
+    }
+  }
+  EXPECT_GE(canaries.size(), 3u) << "Destroy freed too few blocks to check";
+  for (const Canary& k : canaries) CXLRT_EXPECT_OK(tester->alloc->Free(k.at));
+  munmap(block, 4096);
+}
+
 // Issue 13, defect 8: a header whose p2p_bytes is 0 (Send/Recv divided by
 // it) or absurd (the plan's product overflowed) is refused at join.
 TEST_P(CollectivesTest, AJoinerRefusesAHeaderWithBadBufferSizes) {
@@ -1048,7 +1144,7 @@ TEST(RankFromEnvironmentTest, ReadsEveryLauncherAndRejectsNonsense) {
 TEST(ReduceTest, SixteenBitFloatsAccumulateInFp32AndIntegersWrap) {
   // 2048 + 1 + 1 in fp16: pairwise in fp16 the ones vanish (2049 is not an
   // fp16 value); accumulated in fp32 and rounded once they do not.
-  Half a[1] = {2048}, b[1] = {1}, c[1] = {1}, out[1];
+  Half a[1] = {Half(2048.0f)}, b[1] = {Half(1.0f)}, c[1] = {Half(1.0f)}, out[1];
   const void* srcs[] = {a, b, c};
   Reduce(DataType::kFloat16, RedOp::kSum, out, srcs, 3, 1, 3);
   EXPECT_EQ(static_cast<float>(out[0]), 2050.0f);
