@@ -20,12 +20,12 @@
 #include "runtime/fault.h"
 #include "runtime/log.h"
 #include "runtime/status_macros.h"
+#include "runtime/torn_read.h"
 #include "runtime/units.h"
 
 namespace cxlrt::runtime {
 namespace {
 
-constexpr int kTornReadRetries = 16;
 
 uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -49,16 +49,14 @@ uint64_t RandomId() {
 }
 
 // Reads a checksummed record, retrying while a concurrent writer may be
-// midway. Returns false when the checksum never matched.
+// midway (torn_read.h). Returns false when the checksum never matched.
 template <typename T, typename Sum>
 bool ReadRecord(Coherence& c, PoolOffset off, T* out, Sum sum, bool* all_zero) {
-  for (int attempt = 0; attempt < kTornReadRetries; ++attempt) {
+  return RetryTornRead([&] {
     c.Fetch(out, off, sizeof(T));
     *all_zero = AllZero(out, sizeof(T));
-    if (*all_zero || sum(*out) == out->checksum) return true;
-    std::this_thread::yield();
-  }
-  return false;
+    return *all_zero || sum(*out) == out->checksum;
+  });
 }
 
 std::string SafeString(const char* chars, size_t max) {

@@ -12,6 +12,7 @@
 #include "runtime/fault.h"
 #include "runtime/log.h"
 #include "runtime/status_macros.h"
+#include "runtime/torn_read.h"
 
 namespace cxlrt::allocator_internal {
 
@@ -29,7 +30,6 @@ using allocator::kSegmentSize;
 
 namespace {
 
-constexpr int kTornReadRetries = 100;
 
 absl::Status Corrupt(const runtime::Pool& pool, absl::string_view what) {
   return absl::DataLossError(absl::StrCat("allocator of ", pool.name(), " is corrupt: ", what));
@@ -188,23 +188,23 @@ uint64_t HeapMeta::RingRowBytes() const {
 
 absl::StatusOr<SegmentEntryLayout> HeapMeta::ReadEntry(uint32_t i) const {
   SegmentEntryLayout e;
-  for (int attempt = 0; attempt < kTornReadRetries; ++attempt) {
+  static const SegmentEntryLayout kNeverUsed = {};  // a free segment never claimed
+  const bool whole = runtime::RetryTornRead([&] {
     c().Fetch(&e, EntryOffset(i), sizeof(e));
-    static const SegmentEntryLayout kNeverUsed = {};  // a free segment never claimed
-    if (std::memcmp(&e, &kNeverUsed, sizeof(e)) == 0) return e;
-    if (EntryChecksum(e) == e.checksum) {
-      const bool state_ok = e.state <= static_cast<uint32_t>(SegmentState::kHugeTail);
-      if (!state_ok || (e.state != 0 && e.state != 1 && e.owner >= h_.host_slots) ||
-          (e.state == static_cast<uint32_t>(SegmentState::kSlab) && e.size_class >= kNumClasses)) {
-        return Corrupt(pool_, absl::StrCat("segment ", i, " has state ", e.state, ", owner ",
-                                           e.owner, ", class ", e.size_class));
-      }
-      return e;
-    }
+    return std::memcmp(&e, &kNeverUsed, sizeof(e)) == 0 || EntryChecksum(e) == e.checksum;
+  });
+  if (!whole) {
+    return Corrupt(pool_,
+                   absl::StrCat("segment table entry ", i, " checksum is 0x", absl::Hex(e.checksum),
+                                " but its bytes sum to 0x", absl::Hex(EntryChecksum(e))));
   }
-  return Corrupt(pool_,
-                 absl::StrCat("segment table entry ", i, " checksum is 0x", absl::Hex(e.checksum),
-                              " but its bytes sum to 0x", absl::Hex(EntryChecksum(e))));
+  const bool state_ok = e.state <= static_cast<uint32_t>(SegmentState::kHugeTail);
+  if (!state_ok || (e.state != 0 && e.state != 1 && e.owner >= h_.host_slots) ||
+      (e.state == static_cast<uint32_t>(SegmentState::kSlab) && e.size_class >= kNumClasses)) {
+    return Corrupt(pool_, absl::StrCat("segment ", i, " has state ", e.state, ", owner ", e.owner,
+                                       ", class ", e.size_class));
+  }
+  return e;
 }
 
 void HeapMeta::WriteEntry(uint32_t i, const SegmentEntryLayout& entry) const {

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/checksum.h"
 #include "runtime/status_macros.h"
+#include "runtime/torn_read.h"
 
 namespace cxlrt::kv_internal {
 
@@ -139,14 +140,12 @@ Slot StoreView::ReadEntry(uint32_t p, uint32_t i, EntryLayout* e) const {
 
 absl::StatusOr<std::optional<NamespaceLayout>> StoreView::ReadNamespace(uint32_t id) const {
   NamespaceLayout n;
-  for (int attempt = 0; attempt < kTornRetries; ++attempt) {
+  const bool whole = runtime::RetryTornRead([&] {
     c().Fetch(&n, NsOff(id), sizeof(n));
-    if (n.used == 0) return std::nullopt;
-    if (n.checksum == NamespaceChecksum(n) && n.name_len > 0 &&
-        n.name_len <= kv::kMaxNamespaceBytes) {
-      return n;
-    }
-  }
+    return n.used == 0 || (n.checksum == NamespaceChecksum(n) && n.name_len > 0 &&
+                           n.name_len <= kv::kMaxNamespaceBytes);
+  });
+  if (whole) return n.used == 0 ? std::nullopt : std::optional<NamespaceLayout>(n);
   return absl::DataLossError(
       absl::StrCat("KV namespace record ", id, " at 0x", absl::Hex(NsOff(id)), " is corrupt"));
 }

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "allocator/allocator.h"
 #include "gtest/gtest.h"
@@ -76,7 +77,16 @@ std::vector<uint8_t> Value(absl::string_view key, size_t n, uint32_t version = 0
 
 void ExpectAuditClean(const Pool& pool) {
   std::vector<std::string> problems;
-  absl::Status a = allocator::Audit(pool, &problems);
+  // The hosts are live: an arena whose owner kept publishing through every
+  // try of the audit is skipped as busy (a slow run, under TSan, meets it);
+  // look again rather than call that a problem.
+  absl::Status a;
+  for (int i = 0; i < 5; ++i) {
+    problems.clear();
+    a = allocator::Audit(pool, &problems);
+    if (a.ok() || !absl::StrContains(a.message(), "(busy)")) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
   EXPECT_TRUE(a.ok()) << a;
   absl::Status k = Audit(pool, &problems);
   EXPECT_TRUE(k.ok()) << k;
@@ -493,6 +503,35 @@ TEST_P(StoreTest, AReopenedHostFindsItsEntriesAndCounters) {
   ExpectAuditClean(*b_.pool);
 }
 
+// A namespace record read while its writer is preempted halfway through it
+// is torn, not corrupt: the reader waits for the writer (torn_read.h)
+// instead of failing the Get with kDataLoss, which eight back-to-back
+// retries did whenever the registering thread lost its CPU mid-write (the
+// racing-gets test below met it under TSan).
+TEST_P(StoreTest, ANamespaceRecordHalfWrittenByAPreemptedWriterIsWaitedFor) {
+  CXLRT_ASSERT_OK(a_.store->Put("first", "k", "v", 1));  // record 0
+  auto region = a_.pool->FindRegion(kStoreRegionName);
+  ASSERT_TRUE(region.ok()) << region.status();
+  runtime::Coherence& c = a_.pool->coherence();
+  const auto h = c.FetchObject<StoreHeaderLayout>(region->offset);
+  const runtime::PoolOffset rec = region->offset + h.namespaces_offset + sizeof(NamespaceLayout);
+  NamespaceLayout n = {};
+  n.used = 1;
+  n.name_len = 6;
+  std::memcpy(n.name, "second", 6);
+  n.checksum = kv_internal::NamespaceChecksum(n);
+  const auto* bytes = reinterpret_cast<const uint8_t*>(&n);
+  // The writer: the record's first line, a pause as if preempted, the rest.
+  c.Publish(rec, bytes, 64);
+  std::thread rest([&] {
+    absl::SleepFor(absl::Milliseconds(10));
+    c.Publish(rec + 64, bytes + 64, sizeof(n) - 64);
+  });
+  auto got = b_.store->ValueSize("second", "k");
+  rest.join();
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound) << got.status();
+}
+
 TEST_P(StoreTest, GetsRacingEvictionsNeverReturnOtherBytes) {
   // Host a puts and deletes keys over and over, each put of a key with a
   // new version (so a stale block shows as wrong bytes); host b gets them
@@ -510,7 +549,10 @@ TEST_P(StoreTest, GetsRacingEvictionsNeverReturnOtherBytes) {
         const std::string key = absl::StrCat("race", r % kKeys);
         auto n = b_.store->Get("race", key, buf.data(), buf.size());
         if (!n.ok()) {
-          if (n.status().code() != absl::StatusCode::kNotFound) ++wrong;
+          if (n.status().code() != absl::StatusCode::kNotFound) {
+            ADD_FAILURE() << key << ": " << n.status();
+            ++wrong;
+          }
           continue;
         }
         // The version is in the first 4 bytes; the rest must match it.
@@ -519,6 +561,7 @@ TEST_P(StoreTest, GetsRacingEvictionsNeverReturnOtherBytes) {
         std::vector<uint8_t> want = Value(key, kSize, version);
         std::memcpy(want.data(), &version, 4);
         if (*n != kSize || buf != want) {
+          ADD_FAILURE() << key << ": " << *n << " bytes of version " << version << " differ";
           ++wrong;
         } else {
           ++ok;
