@@ -1,17 +1,31 @@
 #!/usr/bin/env bash
-# The suite under AddressSanitizer + UndefinedBehaviorSanitizer, built with
-# clang into build-asan/, with the libFuzzer harnesses: every test but the
-# long stress binaries, the models and each fuzzer for CXLRT_FUZZ_SECONDS
-# (default 60). Any sanitizer report fails the run (-fno-sanitize-recover).
-# Called by scripts/test.sh; runs alone too.
+# The suite under the sanitizers, built with clang (docs/testing.md):
+#  1. AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/): every
+#     test (the spin models aside: no C++ in them) and each libFuzzer
+#     harness for CXLRT_FUZZ_SECONDS (default 60) from its seed corpus.
+#  2. ThreadSanitizer (build-tsan/): the in-process thread tests (allocator
+#     thread caches and free queues, KV copy threads), with the races on
+#     pool memory left out by tests/tsan.supp (why: there).
+# Any sanitizer report fails the run. Called by scripts/test.sh; runs alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc 2>/dev/null || echo 2)
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-  -DCXLRT_SANITIZE=address,undefined -DCXLRT_FUZZ=ON \
+clang=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++)
+
+echo "== sanitize: ASan + UBSan, with the fuzzers"
+cmake -S . -B build-asan "${clang[@]}" -DCXLRT_SANITIZE=address,undefined -DCXLRT_FUZZ=ON \
   -DCXLRT_FUZZ_SECONDS="${CXLRT_FUZZ_SECONDS:-60}" >/dev/null
 cmake --build build-asan -j"$jobs"
-export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:halt_on_error=1}"
-export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
-ctest --test-dir build-asan -j2 --output-on-failure --timeout 900 -LE stress
+ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:halt_on_error=1}" \
+UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}" \
+  ctest --test-dir build-asan -j2 --output-on-failure --timeout 900 -LE model
+
+echo "== sanitize: TSan, in-process thread tests"
+tsan_tests=(allocator_test free_queue_test store_test)
+cmake -S . -B build-tsan "${clang[@]}" -DCXLRT_SANITIZE=thread >/dev/null
+cmake --build build-tsan -j"$jobs" --target "${tsan_tests[@]}"
+export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp"
+for t in "${tsan_tests[@]}"; do
+  echo "-- $t"
+  build-tsan/bin/"$t" --gtest_brief=1
+done

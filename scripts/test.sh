@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Quick start, command 2: install, build, and run the whole test suite.
-# Exits non-zero when any test fails. CXLRT_TEST_SCALE (default 1) scales
-# the stress tests.
+# Quick start, command 2: install, build, and run the whole test suite, then
+# the suite again under the sanitizers with the fuzzers (scripts/sanitize.sh;
+# CXLRT_TEST_SANITIZERS=0 skips that part). Exits non-zero when any test fails.
+# CXLRT_TEST_SCALE (default 1) scales the stress tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build.sh
 export CXLRT_TEST_SCALE="${CXLRT_TEST_SCALE:-1}"
 ctest --test-dir build -j2 --output-on-failure --timeout 600
+if [[ "${CXLRT_TEST_SANITIZERS:-1}" != 0 ]]; then
+  scripts/sanitize.sh
+fi
