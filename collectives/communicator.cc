@@ -551,6 +551,12 @@ std::optional<PoolOffset> Communicator::InPool(const void* p, size_t len) const 
   return static_cast<PoolOffset>(b - base);
 }
 
+std::optional<PoolOffset> Communicator::ZeroCopyAt(const void* p, size_t len) const {
+  auto at = InPool(p, len);
+  if (at && *at % SizeOf(static_cast<DataType>(desc_.type)) != 0) return std::nullopt;
+  return at;
+}
+
 absl::Status Communicator::Begin(CollKind kind, DataType type, RedOp op, size_t count, int root) {
   if (destroyed_) return absl::FailedPreconditionError(name_ + " was destroyed");
   if (!failed_.ok()) {
@@ -612,10 +618,11 @@ absl::Status Communicator::CheckPost(int j, uint64_t round) {
     // Every post fits a slot (chunks follow the slot size, in place too);
     // its bytes lie in the pool before anyone reads them.
     if (p.len > kInlineBytes &&
-        (p.len > slot_bytes_ || p.data > pool_.size() || p.len > pool_.size() - p.data)) {
-      return absl::DataLossError(absl::StrCat("rank ", j, " of ", name_, " posted ", p.len,
-                                              " bytes at 0x", absl::Hex(p.data),
-                                              ": outside the pool or larger than a slot"));
+        (p.len > slot_bytes_ || p.data > pool_.size() || p.len > pool_.size() - p.data ||
+         p.data % SizeOf(static_cast<DataType>(desc_.type)) != 0)) {
+      return absl::DataLossError(absl::StrCat(
+          "rank ", j, " of ", name_, " posted ", p.len, " bytes at 0x", absl::Hex(p.data),
+          ": outside the pool, larger than a slot or not aligned to its elements"));
     }
     return absl::OkStatus();
   }
@@ -739,7 +746,7 @@ absl::Status Communicator::AllReduce(const void* send, void* recv, size_t count,
   const auto* in = static_cast<const uint8_t*>(send);
   std::vector<const void*> srcs(nranks_);
   // The send buffer's offset when it lies in the pool (posted in place).
-  const PoolOffset zc_in = send != recv ? InPool(send, bytes).value_or(kNotInPool) : kNotInPool;
+  const PoolOffset zc_in = send != recv ? ZeroCopyAt(send, bytes).value_or(kNotInPool) : kNotInPool;
   const bool zc = zc_in != kNotInPool;
   if (bytes <= options_.oneshot_max || nranks_ == 1) {
     // One-shot: every rank reads every rank's chunk and reduces, in rank
@@ -851,7 +858,7 @@ absl::Status Communicator::AllGather(const void* send, void* recv, size_t sendco
   const auto* in = static_cast<const uint8_t*>(send);
   auto* out = static_cast<uint8_t*>(recv);
   const size_t bytes = sendcount * es;
-  const auto zc = InPool(send, bytes);
+  const auto zc = ZeroCopyAt(send, bytes);
   const size_t chunk = slot_bytes_ / es * es;  // same on every rank, in place or not
   for (size_t k = 0, at = 0; k < Chunks(bytes, chunk); ++k, at += chunk) {
     const size_t len = std::min(chunk, bytes - at);
@@ -882,7 +889,7 @@ absl::Status Communicator::Broadcast(const void* send, void* recv, size_t count,
   const auto* in = static_cast<const uint8_t*>(send);
   auto* out = static_cast<uint8_t*>(recv);
   const bool is_root = rank_ == root;
-  const auto zc = is_root ? InPool(send, bytes) : std::nullopt;
+  const auto zc = is_root ? ZeroCopyAt(send, bytes) : std::nullopt;
   // Every rank runs the same chunks: the root's choice of in-place is
   // not known to the others, so chunks follow the slot size.
   const size_t chunk = slot_bytes_ / es * es;

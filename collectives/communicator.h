@@ -194,6 +194,9 @@ class Communicator {
   std::string Describe(const CallDesc& d) const;
   // The pool offset of [p, p+len) when it lies in the pool.
   std::optional<PoolOffset> InPool(const void* p, size_t len) const;
+  // Where [p, p+len) may be posted in place: in the pool and aligned to the
+  // call's elements (a peer refuses a post that is not).
+  std::optional<PoolOffset> ZeroCopyAt(const void* p, size_t len) const;
   absl::Status WaitPosted(uint64_t round);
   // Reads peer j's post of `round`: kInvalidArgument naming both calls when
   // it is another call.

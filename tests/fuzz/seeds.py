@@ -12,7 +12,8 @@ entries 333-336. A seed that hits another record after a layout change is
 still a valid input. Plus the unpatched image.
 
 comm_bytes: for each target (header, join line, post, p2p line) and call,
-the lines a correct peer writes (no patch), and one field set to all ones.
+the lines a correct peer writes (no patch), and one field set to all ones;
+and the inputs that found defects (named found-*).
 """
 import pathlib
 import struct
@@ -48,3 +49,9 @@ for target in range(4):
             for off in OFFSETS:
                 (out / f"t{target}-c{call}-l{large}-o{off}").write_bytes(
                     head + bytes([off, 8]) + b"\xff" * 8)
+# A ReduceScatter post whose out-of-line data sits at an odd pool offset:
+# the reader reduced misaligned floats (UBSan), until CheckPost refused it.
+(out / "found-misaligned-post-data").write_bytes(bytes([2, 0x83, 1, 0x28, 0xFF, 0xFF, 0xEF]))
+# A post whose element type is 255: the mismatch message indexed past the
+# type names.
+(out / "found-type-255").write_bytes(bytes([2, 0, 0, 17, 1, 0xFF]))
