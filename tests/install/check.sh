@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the build tree BUILD into a scratch prefix, then builds and runs
+# tests/install/consumer.cc against it twice: through find_package(cxlrt)
+# and through pkg-config. Also runs the installed CLI. ctest: install_test.
+set -euo pipefail
+build=$1
+src=$(cd "$(dirname "$0")" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cmake --install "$build" --prefix "$work/prefix" >/dev/null
+# Of the internal headers only the one allocator.h needs is installed.
+test -z "$(find "$work/prefix/include" -type f -path '*internal*' ! -name free_queue.h)"
+
+cmake -S "$src" -B "$work/cmake" -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+cmake --build "$work/cmake" >/dev/null
+mkdir "$work/run1"
+"$work/cmake/consumer" "$work/run1"
+
+pc_dir=$(dirname "$(find "$work/prefix" -name cxlrt.pc)")
+# shellcheck disable=SC2046
+c++ -O1 "$src/consumer.cc" -o "$work/consumer-pc" \
+  $(PKG_CONFIG_PATH="$pc_dir" pkg-config --cflags --libs cxlrt)
+mkdir "$work/run2"
+"$work/consumer-pc" "$work/run2"
+
+"$work/prefix/bin/cxlrt" --help >/dev/null
+echo "install_test: find_package, pkg-config and the CLI work from $work/prefix"
