@@ -161,7 +161,7 @@ absl::Status Store::MakeStore() {
   if (!off.ok()) {
     // Another host made it first: open theirs.
     return off.status().code() == absl::StatusCode::kAlreadyExists ? absl::OkStatus()
-                                                                    : off.status();
+                                                                   : off.status();
   }
   // Zero the tables (header line first, so nobody reads an old store's
   // header here), then publish the header: its checksum makes it whole.
@@ -172,8 +172,8 @@ absl::Status Store::MakeStore() {
   }
   CXLRT_FAULT_POINT("kv.create.zeroed");
   c_.PublishObject(*off, h);
-  CXLRT_LOG(kInfo) << "host " << me_ << " made the KV store of " << pool_.name() << " ("
-                   << h.hosts << " hosts x " << h.entries_per_host << " entries, " << h.store_bytes
+  CXLRT_LOG(kInfo) << "host " << me_ << " made the KV store of " << pool_.name() << " (" << h.hosts
+                   << " hosts x " << h.entries_per_host << " entries, " << h.store_bytes
                    << " bytes)";
   return absl::OkStatus();
 }

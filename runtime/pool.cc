@@ -26,7 +26,6 @@
 namespace cxlrt::runtime {
 namespace {
 
-
 uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 bool AllZero(const void* p, size_t n) {

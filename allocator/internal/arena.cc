@@ -30,7 +30,6 @@ using allocator::kSegmentSize;
 
 namespace {
 
-
 absl::Status Corrupt(const runtime::Pool& pool, absl::string_view what) {
   return absl::DataLossError(absl::StrCat("allocator of ", pool.name(), " is corrupt: ", what));
 }

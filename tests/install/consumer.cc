@@ -57,8 +57,8 @@ int main(int argc, char** argv) {
     auto comm = collectives::Communicator::Create(**alloc, "consumer", 1, 0);
     if (!comm.ok()) return Fail("communicator", comm.status());
     float x[4] = {1, 2, 3, 4}, y[4] = {};
-    absl::Status s = (*comm)->AllReduce(x, y, 4, collectives::DataType::kFloat32,
-                                        collectives::RedOp::kSum);
+    absl::Status s =
+        (*comm)->AllReduce(x, y, 4, collectives::DataType::kFloat32, collectives::RedOp::kSum);
     if (!s.ok()) return Fail("all-reduce", s);
     if (y[3] != 4.0f) {
       std::fprintf(stderr, "consumer: all-reduce gave %f\n", y[3]);
