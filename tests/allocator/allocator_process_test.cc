@@ -43,6 +43,30 @@ absl::StatusOr<Host> Attach(const std::string& uri, std::optional<uint32_t> slot
   return ::cxlrt::testing::AttachTestHost(uri, o);
 }
 
+// A 64 MiB pool in `dir` (URI parameters `extra`); returns the URI that
+// opens it.
+std::string MakePool(const TempDir& dir, const std::string& extra = "") {
+  const std::string create = PoolUri(dir, extra, "64M");
+  auto made = Pool::Create(create);
+  EXPECT_TRUE(made.ok()) << made.status();
+  return OpenUri(create);
+}
+
+// Words a forked victim writes for the test to read after it died.
+class SharedWords {
+ public:
+  SharedWords()
+      : words_(static_cast<uint64_t*>(
+            mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0))) {}
+  ~SharedWords() { munmap(words_, 4096); }
+  SharedWords(const SharedWords&) = delete;
+  SharedWords& operator=(const SharedWords&) = delete;
+  uint64_t& operator[](size_t i) { return words_[i]; }
+
+ private:
+  uint64_t* words_;
+};
+
 uint8_t PatternByte(PoolOffset off, uint64_t i) {
   return static_cast<uint8_t>((off >> 6) * 7 + i * 13);
 }
@@ -177,18 +201,14 @@ class CrashTest : public ::testing::TestWithParam<CrashCase> {};
 
 TEST_P(CrashTest, AHostKilledAtThisStepLosesNothingForTheOthers) {
   TempDir dir;
-  const std::string create = PoolUri(dir, "", "64M");
-  ASSERT_TRUE(Pool::Create(create).ok());
-  const std::string uri = OpenUri(create);
+  const std::string uri = MakePool(dir);
   auto survivor = Attach(uri, std::nullopt, absl::ZeroDuration());
   ASSERT_TRUE(survivor.ok()) << survivor.status();
   auto theirs = survivor->alloc->Allocate(512);
   ASSERT_TRUE(theirs.ok());
   Fill(*survivor->pool, *theirs, 512);
 
-  uint32_t victim_slot = 0;
-  auto* shared = static_cast<uint32_t*>(
-      mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  SharedWords shared;
   pid_t victim = Spawn([&]() -> int {
     auto h = Attach(uri);
     if (!h.ok()) return 10;
@@ -204,8 +224,7 @@ TEST_P(CrashTest, AHostKilledAtThisStepLosesNothingForTheOthers) {
     return 14;  // the fault did not fire
   });
   EXPECT_EQ(WaitExit(victim), runtime::kFaultExitCode);
-  victim_slot = shared[0];
-  munmap(shared, 4096);
+  const uint32_t victim_slot = static_cast<uint32_t>(shared[0]);
 
   // The survivor fences the victim once its lease runs out and recovers it.
   ASSERT_EQ(RecoverWithin(*survivor, absl::Seconds(10)), std::vector<uint32_t>{victim_slot});
@@ -281,13 +300,10 @@ class RedoCrashTest : public ::testing::TestWithParam<RedoCase> {};
 TEST_P(RedoCrashTest, RecoveryFinishesTheStepTheHostDiedIn) {
   const RedoCase& rc = GetParam();
   TempDir dir;
-  const std::string create = PoolUri(dir, "", "64M");
-  ASSERT_TRUE(Pool::Create(create).ok());
-  const std::string uri = OpenUri(create);
+  const std::string uri = MakePool(dir);
   auto survivor = Attach(uri, std::nullopt, absl::ZeroDuration());
   ASSERT_TRUE(survivor.ok()) << survivor.status();
-  auto* shared = static_cast<uint64_t*>(
-      mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  SharedWords shared;
   pid_t victim = Spawn([&]() -> int {
     auto h = Attach(uri);
     if (!h.ok()) return 10;
@@ -310,7 +326,6 @@ TEST_P(RedoCrashTest, RecoveryFinishesTheStepTheHostDiedIn) {
   EXPECT_EQ(WaitExit(victim), runtime::kFaultExitCode);
   const uint32_t victim_slot = static_cast<uint32_t>(shared[0]);
   const PoolOffset block = shared[1];
-  munmap(shared, 4096);
 
   ASSERT_EQ(RecoverWithin(*survivor, absl::Seconds(10)), std::vector<uint32_t>{victim_slot});
   ExpectAuditClean(*survivor->pool);
@@ -344,17 +359,14 @@ TEST_P(RedoCrashTest, RecoveryFinishesTheStepTheHostDiedIn) {
 // domain, where caches are not coherent.
 TEST(RedoStaleLineTest, RecoveryKeepsTheOtherWordsOfTheLineItStoresInto) {
   TempDir dir;
-  const std::string create = PoolUri(dir, "coherence=simulated", "64M");
-  ASSERT_TRUE(Pool::Create(create).ok());
-  const std::string uri = OpenUri(create);
+  const std::string uri = MakePool(dir, "coherence=simulated");
   auto survivor = Attach(uri, std::nullopt, absl::ZeroDuration());
   ASSERT_TRUE(survivor.ok()) << survivor.status();
   runtime::Coherence& c = survivor->pool->coherence();
   int ready[2], go[2];
   ASSERT_EQ(pipe(ready), 0);
   ASSERT_EQ(pipe(go), 0);
-  auto* shared = static_cast<uint64_t*>(
-      mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  SharedWords shared;
   pid_t victim = Spawn([&]() -> int {
     auto h = Attach(uri);
     if (!h.ok()) return 10;
@@ -384,7 +396,6 @@ TEST(RedoStaleLineTest, RecoveryKeepsTheOtherWordsOfTheLineItStoresInto) {
   ASSERT_EQ(write(go[1], "g", 1), 1);
   EXPECT_EQ(WaitExit(victim), runtime::kFaultExitCode);
   const uint32_t victim_slot = static_cast<uint32_t>(shared[0]);
-  munmap(shared, 4096);
   for (int fd : {ready[0], ready[1], go[0], go[1]}) close(fd);
 
   ASSERT_EQ(RecoverWithin(*survivor, absl::Seconds(10)), std::vector<uint32_t>{victim_slot});
@@ -418,9 +429,7 @@ INSTANTIATE_TEST_SUITE_P(Points, RedoCrashTest,
 
 TEST(RecoveryTest, ARecoveryInterruptedByACrashIsFinishedByTheNext) {
   TempDir dir;
-  const std::string create = PoolUri(dir, "", "64M");
-  ASSERT_TRUE(Pool::Create(create).ok());
-  const std::string uri = OpenUri(create);
+  const std::string uri = MakePool(dir);
   // The victim allocates and dies.
   pid_t victim = Spawn([&]() -> int {
     auto h = Attach(uri);
