@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "allocator/allocator.h"
 #include "gtest/gtest.h"
 #include "runtime/fault.h"
@@ -376,6 +377,8 @@ TEST(RedoStaleLineTest, RecoveryKeepsTheOtherWordsOfTheLineItStoresInto) {
     const uint64_t before[8] = {0, 1, 1, 1, 1, 1, 1, 1};
     h->pool->coherence().Publish(*words, before, sizeof(before));
     char ch = 'r';
+    close(ready[0]);
+    close(go[1]);  // the test's end: EOF here if the test gives up
     if (write(ready[1], &ch, 1) != 1 || read(go[0], &ch, 1) != 1) return 12;
     // The survivor now caches the line; change every word but the first.
     const uint64_t after[7] = {2, 2, 2, 2, 2, 2, 2};
@@ -386,8 +389,16 @@ TEST(RedoStaleLineTest, RecoveryKeepsTheOtherWordsOfTheLineItStoresInto) {
     (void)h->alloc->CommitDurable(*block, *words, 7);
     return 15;  // the fault did not fire
   });
+  // Only the victim writes `ready` and only the test writes `go`: a read
+  // sees EOF instead of blocking when the other side is gone.
+  close(ready[1]);
+  close(go[0]);
+  absl::Cleanup close_pipes = [&] {
+    close(ready[0]);
+    close(go[1]);
+  };
   char ch;
-  ASSERT_EQ(read(ready[0], &ch, 1), 1);
+  ASSERT_EQ(read(ready[0], &ch, 1), 1) << "the victim exited before writing its line";
   auto words = survivor->alloc->Find("victim/words");
   ASSERT_TRUE(words.ok()) << words.status();
   uint64_t seen[8];
@@ -396,7 +407,6 @@ TEST(RedoStaleLineTest, RecoveryKeepsTheOtherWordsOfTheLineItStoresInto) {
   ASSERT_EQ(write(go[1], "g", 1), 1);
   EXPECT_EQ(WaitExit(victim), runtime::kFaultExitCode);
   const uint32_t victim_slot = static_cast<uint32_t>(shared[0]);
-  for (int fd : {ready[0], ready[1], go[0], go[1]}) close(fd);
 
   ASSERT_EQ(RecoverWithin(*survivor, absl::Seconds(10)), std::vector<uint32_t>{victim_slot});
   uint64_t got[8];
