@@ -105,6 +105,7 @@ struct Input {
   bool reseal = false;
   const uint8_t* patches = nullptr;
   size_t patches_size = 0;
+  absl::Duration timeout = kTimeout;  // of every wait of the victim
 };
 
 // Applies the input's patches to the record `obj` of `size` bytes.
@@ -120,9 +121,9 @@ void Patch(const Input& in, void* obj, size_t size) {
   }
 }
 
-CommOptions Options() {
+CommOptions Options(const Input& in) {
   CommOptions o;
-  o.timeout = kTimeout;
+  o.timeout = in.timeout;
   o.slot_bytes = 4096;
   o.p2p_bytes = 1024;
   return o;
@@ -143,11 +144,12 @@ std::optional<std::pair<runtime::PoolOffset, CommHeaderLayout>> AwaitHeader(Host
 }
 
 // Target 0: a real rank 0 on the hostile host; its header is damaged before
-// the victim joins as rank 1.
-void FuzzHeader(World& w, const Input& in) {
+// the victim joins as rank 1. Returns the victim's join.
+absl::Status FuzzHeader(World& w, const Input& in) {
+  absl::Status victim = absl::DeadlineExceededError("rank 0 made no header");
   std::atomic<bool> victim_done{false};
   std::thread maker([&] {
-    auto comm = Communicator::Create(*w.hostile.alloc, kName, 2, 0, Options());
+    auto comm = Communicator::Create(*w.hostile.alloc, kName, 2, 0, Options(in));
     while (!victim_done.load()) absl::SleepFor(absl::Microseconds(100));
     if (comm.ok()) (void)(*comm)->Destroy();
   });
@@ -156,11 +158,13 @@ void FuzzHeader(World& w, const Input& in) {
     Patch(in, &hdr, sizeof(hdr));
     if (in.reseal) hdr.checksum = runtime::Crc32c(&hdr, offsetof(CommHeaderLayout, checksum));
     w.hostile.c().PublishObject(at, hdr);
-    auto comm = Communicator::Create(*w.victim.alloc, kName, 2, 1, Options());
+    auto comm = Communicator::Create(*w.victim.alloc, kName, 2, 1, Options(in));
+    victim = comm.status();
     if (comm.ok()) (*comm)->Abort("fuzz");
   }
   victim_done = true;
   maker.join();
+  return victim;
 }
 
 // The victim's call, and the post a correct rank 1 would publish for it.
@@ -205,10 +209,9 @@ PostLayout CorrectPost(const Input& in, uint64_t instance, size_t count, runtime
       len = 2 * count * 4;
       break;
     default:
-      p.desc.kind = static_cast<uint8_t>(CollKind::kBarrier);
+      p.desc.kind = static_cast<uint8_t>(CollKind::kBarrier);  // as Barrier() begins it
       p.desc.count = 0;
-      p.desc.type = 0;
-      p.desc.op = 0;
+      p.desc.type = static_cast<uint8_t>(DataType::kUint8);
       len = 0;
       break;
   }
@@ -218,8 +221,9 @@ PostLayout CorrectPost(const Input& in, uint64_t instance, size_t count, runtime
 }
 
 // Targets 1-3: the victim is rank 0; the hostile rank 1 joins and posts by
-// hand, damaging its join line, its post or its p2p channel.
-void FuzzPeer(World& w, const Input& in) {
+// hand, damaging its join line, its post or its p2p channel. Returns the
+// victim's join or call.
+absl::Status FuzzPeer(World& w, const Input& in) {
   const size_t count = in.large ? kLargeCount : kSmallCount;
   std::atomic<bool> victim_done{false};
   std::thread peer([&] {
@@ -266,25 +270,56 @@ void FuzzPeer(World& w, const Input& in) {
     h.c().StoreFlag(rank1, static_cast<uint64_t>(JoinState::kLeft));
     (void)h.alloc->Free(*slot);
   });
-  auto comm = Communicator::Create(*w.victim.alloc, kName, 2, 0, Options());
+  auto comm = Communicator::Create(*w.victim.alloc, kName, 2, 0, Options(in));
+  absl::Status victim = comm.status();
   if (comm.ok()) {
     if (in.target == 3) {
       std::vector<float> out(count);
-      (void)(*comm)->Recv(out.data(), count, DataType::kFloat32, 1);
+      victim = (*comm)->Recv(out.data(), count, DataType::kFloat32, 1);
     } else {
-      (void)RunCall(**comm, in, count);
+      victim = RunCall(**comm, in, count);
     }
   }
   victim_done = true;
   peer.join();
   if (comm.ok()) (void)(*comm)->Destroy();
+  return victim;
+}
+
+absl::Status Fuzz(World& w, const Input& in) {
+  absl::Status s = in.target == 0 ? FuzzHeader(w, in) : FuzzPeer(w, in);
+  // Whatever the input left behind (a Destroy that timed out keeps the
+  // block) goes, so the next input starts from an empty name.
+  (void)w.victim.alloc->FreeNamed(kBlockName);
+  return s;
+}
+
+// The harness must exercise what it claims to: with no patches its hostile
+// peer is a correct one, and every target and call succeeds (with a
+// generous deadline: this runs on a loaded machine too).
+void CheckTheCorrectPeerIsAccepted(World& w) {
+  for (int target = 0; target < 4; ++target) {
+    for (int call = 0; call < (target == 2 ? kCalls : 1); ++call) {
+      for (bool large : {false, true}) {
+        Input in;
+        in.target = target;
+        in.call = call;
+        in.large = large;
+        in.timeout = absl::Seconds(10);
+        if (absl::Status s = Fuzz(w, in); !s.ok()) {
+          Die(absl::StrCat("an unpatched peer (target ", target, ", call ", call,
+                           large ? ", large" : "", ") was refused: ", s.ToString()));
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  TheWorld();
   std::atexit([] { unlink(TheWorld().path.c_str()); });
+  CheckTheCorrectPeerIsAccepted(TheWorld());
   return 0;
 }
 
@@ -297,14 +332,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   in.reseal = data[2] & 1;
   in.patches = data + 3;
   in.patches_size = size - 3;
-  World& w = TheWorld();
-  if (in.target == 0) {
-    FuzzHeader(w, in);
-  } else {
-    FuzzPeer(w, in);
-  }
-  // Whatever the input left behind (a Destroy that timed out keeps the
-  // block) goes, so the next input starts from an empty name.
-  (void)w.victim.alloc->FreeNamed(kBlockName);
+  (void)Fuzz(TheWorld(), in);  // any status will do; a crash or hang will not
   return 0;
 }
