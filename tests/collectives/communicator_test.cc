@@ -686,6 +686,34 @@ TEST_P(CollectivesTest, RanksThatDisagreeOnZeroCopyStillRunTheSameRounds) {
   });
 }
 
+TEST_P(CollectivesTest, APoolBufferOffItsElementsIsCopiedNotPostedInPlace) {
+  // A peer refuses a post whose data is not aligned to the call's elements
+  // (a hostile post made readers load misaligned floats), so a rank whose
+  // pool-resident buffer is off its elements must copy it through its slot.
+  RunRanks(2, [](Communicator& comm, allocator::Allocator&) -> std::string {
+    constexpr size_t kCount = 20000;  // out-of-line: 80 KB
+    auto buf = comm.Allocate(kCount * sizeof(float) + 8);
+    if (!buf.ok()) return buf.status().ToString();
+    auto* send = static_cast<uint8_t*>(*buf) + 2;  // off a float boundary
+    for (size_t i = 0; i < kCount; ++i) {
+      const float v = static_cast<float>(comm.rank() * 100000 + i);
+      std::memcpy(send + i * sizeof(float), &v, sizeof(v));
+    }
+    std::vector<float> out(2 * kCount);
+    absl::Status s = comm.AllGather(send, out.data(), kCount, DataType::kFloat32);
+    if (!s.ok()) return "AllGather: " + s.ToString();
+    for (int r = 0; r < 2; ++r) {
+      for (size_t i = 0; i < kCount; ++i) {
+        if (out[r * kCount + i] != static_cast<float>(r * 100000 + i)) {
+          return absl::StrCat("element ", i, " of rank ", r, " is ", out[r * kCount + i]);
+        }
+      }
+    }
+    absl::Status freed = comm.Free(*buf);
+    return freed.ok() ? "" : "Free: " + freed.ToString();
+  });
+}
+
 TEST_P(CollectivesTest, AMismatchedCallIsAnErrorOnEveryRankNamingBoth) {
   RunRanks(2, [](Communicator& comm, allocator::Allocator&) -> std::string {
     std::vector<float> a(2048, 1.0f), b(2048);
