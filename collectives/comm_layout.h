@@ -2,16 +2,18 @@
 // communicator ("comm/NAME"), made by rank 0 and joined by the others.
 //
 //   CommHeaderLayout                      written by rank 0 once
-//   RankLayout[nranks]                    line 0: join; 1: done; 2-3: posts
+//   RankLayout[nranks]                    rank r only: join, ring, done, posts
 //   P2pLayout[nranks][nranks]             [s][d]: s writes line 0, d line 1
 //   p2p buffers: [s][d] x p2p_bytes       written by s only
 //
-// Each rank's two data slots are blocks of its own (private: they die with
-// its host), on device (rank + parity) % devices when the pool has several;
-// its join line says where.
+// Each rank has a ring of `depth` data slots, each a block of its own
+// (private: they die with its host), slot i on device (rank + i) % devices
+// when the pool has several; its ring line says where. Post number s
+// (counted over the communicator's life, from 1) uses slot and post line
+// s % depth.
 //
 // Every line has one writer; every flag is a monotonic 64-bit counter that
-// is never reset (MSCCL++-style): rounds and p2p sequence numbers.
+// is never reset (MSCCL++-style): post numbers and p2p sequence numbers.
 #pragma once
 
 #include <cstddef>
@@ -20,8 +22,11 @@
 namespace cxlrt::collectives {
 
 inline constexpr uint64_t kCommMagic = 0x314d4354524c5843ull;  // "CXLRTCM1"
-inline constexpr uint32_t kCommVersion = 2;
+inline constexpr uint32_t kCommVersion = 3;
 inline constexpr size_t kInlineBytes = 64;
+// Slots (and post lines) per rank: a rank posts up to depth - 1 chunks
+// ahead of the slowest peer's reads.
+inline constexpr uint32_t kMinDepth = 2, kMaxDepth = 8;
 
 struct CommHeaderLayout {
   uint64_t magic;  // published last
@@ -31,7 +36,7 @@ struct CommHeaderLayout {
   uint64_t p2p_bytes;
   uint64_t instance;  // random per creation: joins name it
   uint32_t creator_slot;
-  uint32_t pad0;
+  uint32_t depth;  // slots per rank, in [kMinDepth, kMaxDepth]
   uint64_t creator_epoch;
   uint64_t p2p_buffers_offset;  // from the block start
   uint64_t p2p_offset;
@@ -49,12 +54,18 @@ struct JoinLayout {
   uint64_t host_epoch;
   uint32_t host_slot;
   uint32_t pid;
-  uint64_t slots[2];  // pool offsets of this rank's data slots, by round parity
-  uint8_t pad[16];
+  uint8_t pad[32];
 };
 static_assert(sizeof(JoinLayout) == 64);
 
-// What a rank calls, published with each round so peers can check that
+// Where a rank's data slots lie: slot[s % depth] holds post s. Published
+// with the join line, before its state flag.
+struct RingLayout {
+  uint64_t slot[kMaxDepth];
+};
+static_assert(sizeof(RingLayout) == 64);
+
+// What a rank calls, published with each post so peers can check that
 // every rank runs the same call.
 struct CallDesc {
   uint8_t kind = 0;  // CollKind
@@ -71,27 +82,30 @@ struct CallDesc {
 };
 static_assert(sizeof(CallDesc) == 24);
 
-// A rank's part of one round: its bytes are inline (len <= kInlineBytes)
-// or at `data` in the pool (its slot, or its own buffer when zero-copy).
-// Two lines: the flag line is published last, after the rest.
+// One chunk a rank posts: its bytes are inline (data == 0, len <=
+// kInlineBytes) or the `len` bytes at `data` in the pool (its slot, or its
+// own pool-resident buffer when zero-copy). A post of several pieces (one
+// per rank, as in all-to-all) has piece j at data + j * stride; len covers
+// them all. Two lines; the flag (`seq`) is published last.
 struct PostLayout {
-  uint64_t round;     // the flag: stored last
+  uint64_t seq;       // the flag: this rank's post number, stored last
   uint64_t instance;  // the communicator instance it belongs to (header)
   CallDesc desc;
   uint64_t data;
   uint64_t len;
+  uint64_t stride;
   uint8_t inline_bytes[kInlineBytes];
-  uint8_t pad[8];
 };
 static_assert(sizeof(PostLayout) == 128);
 
 struct RankLayout {
-  JoinLayout join;
-  uint64_t done;  // last round whose peers' bytes this rank has finished reading
+  JoinLayout join;  // line 0
+  RingLayout ring;  // line 1
+  uint64_t done;    // line 2: the last post whose peers' bytes this rank has read
   uint8_t pad[56];
-  PostLayout post[2];  // by round parity
+  PostLayout post[kMaxDepth];  // post s in post[s % depth]
 };
-static_assert(sizeof(RankLayout) == 384);
+static_assert(sizeof(RankLayout) == 3 * 64 + kMaxDepth * 128);
 
 // Point-to-point channel s -> d: one buffer, one chunk in flight.
 struct P2pLayout {

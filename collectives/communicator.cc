@@ -22,11 +22,6 @@ namespace {
 using runtime::PoolOffset;
 
 constexpr uint64_t kAlign = 4096;
-constexpr PoolOffset kNotInPool = ~PoolOffset{0};
-
-// Chunks of `chunk` that cover `total`: at least one, so that a call of no
-// elements still runs a round (and the ranks still check each other's call).
-size_t Chunks(size_t total, size_t chunk) { return total == 0 ? 1 : (total + chunk - 1) / chunk; }
 // Data-path waits yield (rather than sleep) this long: a peer is normally
 // microseconds away, and a sleep overshoots by tens of them.
 constexpr absl::Duration kYieldFor = absl::Milliseconds(20);
@@ -52,6 +47,7 @@ Plan PlanFor(uint32_t n, uint64_t p2p_bytes) {
 // Slot and p2p buffer sizes a header may carry: a multiple of 64 in
 // [64, 1 GiB] (rank 0 rounds what it is given up to 64 B).
 bool ValidBufferBytes(uint64_t v) { return v >= 64 && v <= (1ull << 30) && v % 64 == 0; }
+bool ValidDepth(uint64_t d) { return d >= kMinDepth && d <= kMaxDepth; }
 
 absl::StatusOr<int> EnvInt(const char* name) {
   const char* v = std::getenv(name);
@@ -64,30 +60,6 @@ absl::StatusOr<int> EnvInt(const char* name) {
 }
 
 }  // namespace
-
-const char* CollKindName(CollKind k) {
-  switch (k) {
-    case CollKind::kAllReduce:
-      return "AllReduce";
-    case CollKind::kReduceScatter:
-      return "ReduceScatter";
-    case CollKind::kAllGather:
-      return "AllGather";
-    case CollKind::kBroadcast:
-      return "Broadcast";
-    case CollKind::kReduce:
-      return "Reduce";
-    case CollKind::kGather:
-      return "Gather";
-    case CollKind::kScatter:
-      return "Scatter";
-    case CollKind::kAllToAll:
-      return "AllToAll";
-    case CollKind::kBarrier:
-      return "Barrier";
-  }
-  return "?";
-}
 
 absl::StatusOr<RankInfo> RankFromEnvironment() {
   static const struct {
@@ -178,15 +150,17 @@ Communicator::Communicator(allocator::Allocator& alloc, std::string name, int nr
   if (options_.slot_bytes == 0) options_.slot_bytes = cfg.comm_slot_bytes;
   if (options_.p2p_bytes == 0) options_.p2p_bytes = cfg.comm_p2p_bytes;
   if (options_.oneshot_max == 0) options_.oneshot_max = cfg.allreduce_oneshot_max;
+  if (options_.depth == 0) options_.depth = cfg.comm_depth;
+  if (options_.chunk_bytes == 0) options_.chunk_bytes = cfg.comm_chunk_bytes;
   options_.slot_bytes = RoundUp(options_.slot_bytes, 64);
   options_.p2p_bytes = RoundUp(options_.p2p_bytes, 64);
   watch_ = std::make_unique<PeerWatch>(*this);
+  cpu_engine_ = MakeCpuEngine(c_);
   // More ranks than cores (emulated hosts on one machine): a waiter that
   // spins holds the core its peer needs, so it yields almost at once.
   if (static_cast<unsigned>(nranks) > std::max(1u, std::thread::hardware_concurrency())) {
     spins_ = 50;
   }
-  posts_.resize(nranks);
   sent_.assign(nranks, 0);
   received_.assign(nranks, 0);
 }
@@ -248,10 +222,12 @@ absl::Status Communicator::Join() {
   };
   CommHeaderLayout h = {};
   if (rank_ == 0) {
-    if (!ValidBufferBytes(options_.slot_bytes) || !ValidBufferBytes(options_.p2p_bytes)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("communicator ", name_, ": slot_bytes ", options_.slot_bytes,
-                       " and p2p_bytes ", options_.p2p_bytes, " must each be in [64, 1 GiB]"));
+    if (!ValidBufferBytes(options_.slot_bytes) || !ValidBufferBytes(options_.p2p_bytes) ||
+        !ValidDepth(options_.depth)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "communicator ", name_, ": slot_bytes ", options_.slot_bytes, " and p2p_bytes ",
+          options_.p2p_bytes, " must each be in [64, 1 GiB], depth ", options_.depth, " in [",
+          kMinDepth, ", ", kMaxDepth, "]"));
     }
     const Plan plan = PlanFor(nranks_, options_.p2p_bytes);
     // A host is alive while this process sees its heartbeat move within its
@@ -307,6 +283,7 @@ absl::Status Communicator::Join() {
     h.instance = std::random_device{}() | (uint64_t{std::random_device{}()} << 32) | 1;
     h.creator_slot = m.slot();
     h.creator_epoch = m.epoch();
+    h.depth = options_.depth;
     h.p2p_buffers_offset = plan.p2p_buffers_offset;
     h.p2p_offset = plan.p2p_offset;
     h.magic = kCommMagic;
@@ -356,10 +333,12 @@ absl::Status Communicator::Join() {
     // Every size in the header drives an access: check each against what
     // rank 0 can have written (Communicator() rounds both to 64 B) before
     // the plan multiplies them (issue 13, defect 8).
-    if (!ValidBufferBytes(h.slot_bytes) || !ValidBufferBytes(h.p2p_bytes)) {
-      return absl::DataLossError(absl::StrCat("communicator ", name_, "'s header has slot_bytes ",
-                                              h.slot_bytes, " and p2p_bytes ", h.p2p_bytes,
-                                              ": each must be a multiple of 64 in [64, 1 GiB]"));
+    if (!ValidBufferBytes(h.slot_bytes) || !ValidBufferBytes(h.p2p_bytes) || !ValidDepth(h.depth)) {
+      return absl::DataLossError(
+          absl::StrCat("communicator ", name_, "'s header has slot_bytes ", h.slot_bytes,
+                       ", p2p_bytes ", h.p2p_bytes, " and depth ", h.depth,
+                       ": the sizes must be multiples of 64 in [64, 1 GiB], ", "the depth in [",
+                       kMinDepth, ", ", kMaxDepth, "]"));
     }
     const Plan plan = PlanFor(h.nranks, h.p2p_bytes);
     auto found = alloc_.Find(name_);
@@ -374,6 +353,7 @@ absl::Status Communicator::Join() {
   p2p_bytes_ = h.p2p_bytes;
   p2p_offset_ = h.p2p_offset;
   p2p_buffers_offset_ = h.p2p_buffers_offset;
+  depth_ = h.depth;
   CXLRT_RETURN_IF_ERROR(AllocateSlots());
 
   JoinLayout me = {};
@@ -381,13 +361,16 @@ absl::Status Communicator::Join() {
   me.host_slot = m.slot();
   me.host_epoch = m.epoch();
   me.pid = static_cast<uint32_t>(getpid());
-  me.slots[0] = my_slots_[0];
-  me.slots[1] = my_slots_[1];
+  RingLayout ring = {};
+  for (uint32_t i = 0; i < depth_; ++i) ring.slot[i] = my_slots_[i];
   PublishBody(RankAt(rank_), &me, sizeof(me));
+  c_.Publish(RankAt(rank_) + offsetof(RankLayout, ring), &ring, sizeof(ring));
   c_.StoreFlag(RankAt(rank_), static_cast<uint64_t>(JoinState::kJoined));
 
   peers_.assign(nranks_, JoinLayout{});
   peers_[rank_] = me;
+  std::vector<RingLayout> rings(nranks_);
+  rings[rank_] = ring;
   for (int j = 0; j < nranks_; ++j) {
     if (j == rank_) continue;
     absl::Status s = runtime::WaitUntil(
@@ -396,11 +379,13 @@ absl::Status Communicator::Join() {
           // wait of a call reports it).
           if (c_.LoadFlag(RankAt(j)) == static_cast<uint64_t>(JoinState::kNone)) return false;
           peers_[j] = c_.FetchObject<JoinLayout>(RankAt(j));
+          rings[j] = c_.FetchObject<RingLayout>(RankAt(j) + offsetof(RankLayout, ring));
           return peers_[j].instance == instance_;
         },
         deadline, "every rank to join");
     if (s.ok()) {
-      for (uint64_t slot : peers_[j].slots) {
+      for (uint32_t i = 0; i < depth_; ++i) {
+        const uint64_t slot = rings[j].slot[i];
         if (slot == 0 || slot > pool_.size() || slot_bytes_ > pool_.size() - slot) {
           return absl::DataLossError(absl::StrCat("rank ", j, " of ", name_,
                                                   " published a data slot at 0x", absl::Hex(slot),
@@ -414,6 +399,20 @@ absl::Status Communicator::Join() {
                                                       absl::FormatDuration(options_.timeout)));
     }
   }
+  transport_ = std::make_unique<Transport>(Transport::Setup{
+      .coherence = &c_,
+      .pool_size = pool_.size(),
+      .name = name_,
+      .nranks = nranks_,
+      .rank = rank_,
+      .block = block_,
+      .instance = instance_,
+      .slot_bytes = slot_bytes_,
+      .depth = depth_,
+      .rings = std::move(rings),
+      .watch = watch_.get(),
+      .spins = spins_,
+  });
   return absl::OkStatus();
 }
 
@@ -428,13 +427,13 @@ Communicator::~Communicator() {
 
 absl::Status Communicator::Destroy() {
   if (destroyed_) return absl::FailedPreconditionError(name_ + " is already destroyed");
-  const bool failed_before = !failed_.ok();
+  const bool failed_before = !failed().ok();
   const absl::Status barrier = failed_before ? absl::OkStatus() : Barrier();
   destroyed_ = true;
   for (PoolOffset b : buffers_) (void)alloc_.Free(b);
   buffers_.clear();
   FreeSlots();  // after the barrier: nobody reads them any more
-  if (failed_.ok()) c_.StoreFlag(RankAt(rank_), static_cast<uint64_t>(JoinState::kLeft));
+  if (failed().ok()) c_.StoreFlag(RankAt(rank_), static_cast<uint64_t>(JoinState::kLeft));
   if (rank_ == 0) {
     // The block goes only when no rank can write it any more: each rank has
     // left or aborted (its last write), or its host is dead by the
@@ -488,7 +487,8 @@ void Communicator::PublishBody(PoolOffset line, const void* obj, size_t size) {
 
 absl::Status Communicator::AllocateSlots() {
   const uint32_t devices = pool_.devices().count();
-  for (int p = 0; p < 2; ++p) {
+  my_slots_.assign(depth_, 0);
+  for (uint32_t p = 0; p < depth_; ++p) {
     allocator::AllocOptions o;
     o.alignment = 4096;
     if (devices > 1) o.device = static_cast<int>((rank_ + p) % devices);
@@ -512,34 +512,14 @@ void Communicator::FreeSlots() {
 }
 
 void Communicator::Abort(absl::string_view why) {
-  if (failed_.ok()) {
-    failed_ = absl::AbortedError(absl::StrCat(name_, " rank ", rank_, ": ", why));
-  }
-  c_.StoreFlag(RankAt(rank_), static_cast<uint64_t>(JoinState::kAborted));
+  (void)Fail(absl::AbortedError(absl::StrCat(name_, " rank ", rank_, ": ", why)));
 }
 
-absl::Status Communicator::Fail(absl::Status s) {
-  if (failed_.ok()) {
-    failed_ = s;
-    c_.StoreFlag(RankAt(rank_), static_cast<uint64_t>(JoinState::kAborted));
-  }
-  return s;
-}
+absl::Status Communicator::Fail(absl::Status s) { return transport_->Fail(std::move(s)); }
 
-std::string Communicator::Describe(const CallDesc& d) const {
-  const auto kind = static_cast<CollKind>(d.kind);
-  std::string s = absl::StrCat(CollKindName(kind), "(count=", d.count);
-  if (kind != CollKind::kBarrier) {
-    absl::StrAppend(&s, ", ", DataTypeName(static_cast<DataType>(d.type)));
-  }
-  if (kind == CollKind::kAllReduce || kind == CollKind::kReduce ||
-      kind == CollKind::kReduceScatter) {
-    absl::StrAppend(&s, ", ", RedOpName(static_cast<RedOp>(d.op)));
-  }
-  if (d.root >= 0) absl::StrAppend(&s, ", root=", d.root);
-  absl::StrAppend(&s, ") [call ", d.call, "]");
-  return s;
-}
+const absl::Status& Communicator::failed() const { return transport_->failed(); }
+
+runtime::WaitWatch* Communicator::watch() const { return watch_.get(); }
 
 std::optional<PoolOffset> Communicator::InPool(const void* p, size_t len) const {
   const uint8_t* base = pool_.backend().base();
@@ -551,17 +531,12 @@ std::optional<PoolOffset> Communicator::InPool(const void* p, size_t len) const 
   return static_cast<PoolOffset>(b - base);
 }
 
-std::optional<PoolOffset> Communicator::ZeroCopyAt(const void* p, size_t len) const {
-  auto at = InPool(p, len);
-  if (at && *at % SizeOf(static_cast<DataType>(desc_.type)) != 0) return std::nullopt;
-  return at;
-}
-
-absl::Status Communicator::Begin(CollKind kind, DataType type, RedOp op, size_t count, int root) {
+absl::StatusOr<algorithms::Call> Communicator::Begin(CollKind kind, DataType type, RedOp op,
+                                                     size_t count, int root) {
   if (destroyed_) return absl::FailedPreconditionError(name_ + " was destroyed");
-  if (!failed_.ok()) {
+  if (!failed().ok()) {
     return absl::FailedPreconditionError(
-        absl::StrCat(name_, " was aborted by an earlier error: ", failed_.message()));
+        absl::StrCat(name_, " was aborted by an earlier error: ", failed().message()));
   }
   if (root >= nranks_ || (root < 0 && (kind == CollKind::kBroadcast || kind == CollKind::kReduce ||
                                        kind == CollKind::kGather || kind == CollKind::kScatter))) {
@@ -571,541 +546,83 @@ absl::Status Communicator::Begin(CollKind kind, DataType type, RedOp op, size_t 
   if (static_cast<int>(type) >= kNumDataTypes || static_cast<int>(op) >= kNumRedOps) {
     return absl::InvalidArgumentError(absl::StrCat(CollKindName(kind), ": unknown type or op"));
   }
-  desc_ = {};
-  desc_.kind = static_cast<uint8_t>(kind);
-  desc_.type = static_cast<uint8_t>(type);
-  desc_.op = static_cast<uint8_t>(op);
-  desc_.root = root;
-  desc_.count = count;
-  desc_.call = ++calls_;
-  deadline_ = absl::Now() + options_.timeout;
-  return absl::OkStatus();
+  CallDesc d;
+  d.kind = static_cast<uint8_t>(kind);
+  d.type = static_cast<uint8_t>(type);
+  d.op = static_cast<uint8_t>(op);
+  d.root = root;
+  d.count = count;
+  d.call = ++calls_;
+  CopyEngine& engine = options_.engine ? *options_.engine : *cpu_engine_;
+  transport_->BeginCall(d, absl::Now() + options_.timeout, &engine);
+  return algorithms::Call{.t = *transport_,
+                          .e = engine,
+                          .type = type,
+                          .es = SizeOf(type),
+                          .coherence = c_,
+                          .pool_base = pool_.backend().base(),
+                          .pool_size = pool_.size(),
+                          .chunk_override = options_.chunk_bytes,
+                          .oneshot_max = options_.oneshot_max};
 }
-
-absl::Status Communicator::WaitSlotFree(uint64_t round) {
-  // Round k reuses the slot and post line of round k - 2: every peer must be
-  // done reading them.
-  if (round <= 2) return absl::OkStatus();
-  return AwaitPeersDone(round - 2);
-}
-
-absl::Status Communicator::AwaitPeersDone(uint64_t round) {
-  for (int j = 0; j < nranks_; ++j) {
-    if (j == rank_) continue;
-    const PoolOffset done = RankAt(j) + offsetof(RankLayout, done);
-    if (c_.LoadFlag(done) >= round) continue;
-    absl::Status s =
-        runtime::WaitUntil([&] { return c_.LoadFlag(done) >= round; }, deadline_,
-                           "a peer to finish reading", watch_.get(), kYieldFor, spins_);
-    if (!s.ok()) {
-      return Fail(
-          absl::Status(s.code(), absl::StrCat(name_, " rank ", rank_, " in ", Describe(desc_),
-                                              ": waiting for rank ", j, ": ", s.message())));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Communicator::CheckPost(int j, uint64_t round) {
-  posts_[j] = c_.FetchObject<PostLayout>(PostAt(j, round));
-  const PostLayout& p = posts_[j];
-  if (p.instance != instance_) {
-    return absl::DataLossError(absl::StrCat("rank ", j, " of ", name_, " posted round ", p.round,
-                                            " for communicator instance ", absl::Hex(p.instance),
-                                            ", not this one (", absl::Hex(instance_), ")"));
-  }
-  if (p.round == round && p.desc == desc_) {
-    // Every post fits a slot (chunks follow the slot size, in place too);
-    // its bytes lie in the pool before anyone reads them.
-    if (p.len > kInlineBytes &&
-        (p.len > slot_bytes_ || p.data > pool_.size() || p.len > pool_.size() - p.data ||
-         p.data % SizeOf(static_cast<DataType>(desc_.type)) != 0)) {
-      return absl::DataLossError(absl::StrCat(
-          "rank ", j, " of ", name_, " posted ", p.len, " bytes at 0x", absl::Hex(p.data),
-          ": outside the pool, larger than a slot or not aligned to its elements"));
-    }
-    return absl::OkStatus();
-  }
-  return absl::InvalidArgumentError(
-      posts_[j].round != round
-          ? absl::StrCat("rank ", rank_, " of ", name_, " is at round ", round, " of ",
-                         Describe(desc_), " but rank ", j, " is at round ", posts_[j].round, " (",
-                         Describe(posts_[j].desc), ")")
-          : absl::StrCat("rank ", rank_, " called ", Describe(desc_), " but rank ", j, " called ",
-                         Describe(posts_[j].desc), " on ", name_));
-}
-
-absl::Status Communicator::WaitPosted(uint64_t round) {
-  for (int j = 0; j < nranks_; ++j) {
-    if (j == rank_) continue;
-    const PoolOffset at = PostAt(j, round);
-    auto ready = [&] { return c_.LoadFlag(at) >= round; };
-    if (!ready()) {
-      absl::Status s =
-          runtime::WaitUntil(ready, deadline_, "a peer's post", watch_.get(), kYieldFor, spins_);
-      if (!s.ok()) {
-        // A peer that saw a mismatched call aborts; a rank waiting on another
-        // peer meanwhile reports the mismatch too when the posts show it.
-        for (int k = 0; k < nranks_; ++k) {
-          if (k == rank_ || c_.LoadFlag(PostAt(k, round)) != round) continue;
-          if (absl::Status m = CheckPost(k, round); !m.ok()) return Fail(m);
-        }
-        return Fail(
-            absl::Status(s.code(), absl::StrCat(name_, " rank ", rank_, " in ", Describe(desc_),
-                                                ": waiting for rank ", j, ": ", s.message())));
-      }
-    }
-    if (absl::Status m = CheckPost(j, round); !m.ok()) return Fail(m);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Communicator::Exchange(const std::vector<Piece>& pieces) {
-  const uint64_t round = round_ + 1;
-  CXLRT_RETURN_IF_ERROR(WaitSlotFree(round));
-  PostLayout post = {};
-  post.instance = instance_;
-  post.desc = desc_;
-  size_t len = 0;
-  for (const Piece& p : pieces) len = std::max(len, (p.at == kNext ? len : p.at) + p.len);
-  post.len = len;
-  if (len > std::max<size_t>(slot_bytes_, kInlineBytes)) {
-    return Fail(absl::InternalError(absl::StrCat("a round of ", len, " bytes > the slot")));
-  }
-  uint8_t* inline_at = len <= kInlineBytes ? post.inline_bytes : nullptr;
-  const PoolOffset slot = SlotAt(rank_, round);
-  size_t at = 0;
-  for (const Piece& p : pieces) {
-    if (p.at != kNext) at = p.at;
-    if (p.len && inline_at) std::memcpy(inline_at + at, p.data, p.len);
-    if (p.len && !inline_at) c_.CopyToPool(slot + at, p.data, p.len);
-    at += p.len;
-  }
-  if (!inline_at) post.data = slot;
-  const PoolOffset line = PostAt(rank_, round);
-  PublishBody(line, &post, sizeof(post));
-  CXLRT_FAULT_POINT("coll.round.posted");
-  c_.StoreFlag(line, round);
-  return WaitPosted(round);
-}
-
-absl::Status Communicator::ExchangeInPlace(PoolOffset at, size_t len) {
-  const uint64_t round = round_ + 1;
-  CXLRT_RETURN_IF_ERROR(WaitSlotFree(round));
-  PostLayout post = {};
-  post.instance = instance_;
-  post.desc = desc_;
-  post.len = len;
-  post.data = at;
-  if (len <= kInlineBytes) {
-    c_.Fetch(post.inline_bytes, at, len);
-    post.data = 0;
-  } else {
-    // The caller wrote its buffer with plain stores: write them back before
-    // the post makes them visible (a fence in the hardware domain).
-    c_.Flush(at, len);
-  }
-  const PoolOffset line = PostAt(rank_, round);
-  PublishBody(line, &post, sizeof(post));
-  CXLRT_FAULT_POINT("coll.round.posted");
-  c_.StoreFlag(line, round);
-  return WaitPosted(round);
-}
-
-absl::StatusOr<const uint8_t*> Communicator::PeerBytes(int j, size_t need) {
-  const PostLayout& p = posts_[j];
-  if (need > p.len) {
-    // Every rank runs the same call (CheckPost compared them), so a peer
-    // that posted fewer bytes than the call implies wrote a corrupt post:
-    // reading on would read past its data (issue 13, defect 7).
-    return Fail(absl::DataLossError(absl::StrCat("rank ", j, " of ", name_, " posted ", p.len,
-                                                 " bytes in ", Describe(desc_), " but rank ", rank_,
-                                                 " needs ", need, " of them")));
-  }
-  if (p.len <= kInlineBytes) return p.inline_bytes;
-  return c_.BeginRead(p.data, p.len);
-}
-
-void Communicator::EndRound() {
-  ++round_;
-  c_.StoreFlag(RankAt(rank_) + offsetof(RankLayout, done), round_);
-}
-
-// --- Collectives ---
-//
-// Each is a loop over chunks, one or two rounds a chunk. A chunk's bytes
-// from one rank fit its slot; in-place (pool-resident) buffers need no slot
-// and go in one chunk.
 
 absl::Status Communicator::AllReduce(const void* send, void* recv, size_t count, DataType type,
                                      RedOp op) {
-  CXLRT_RETURN_IF_ERROR(Begin(CollKind::kAllReduce, type, op, count, -1));
-  const size_t es = SizeOf(type);
-  const size_t bytes = count * es;
-  auto* out = static_cast<uint8_t*>(recv);
-  const auto* in = static_cast<const uint8_t*>(send);
-  std::vector<const void*> srcs(nranks_);
-  // The send buffer's offset when it lies in the pool (posted in place).
-  const PoolOffset zc_in = send != recv ? ZeroCopyAt(send, bytes).value_or(kNotInPool) : kNotInPool;
-  const bool zc = zc_in != kNotInPool;
-  if (bytes <= options_.oneshot_max || nranks_ == 1) {
-    // One-shot: every rank reads every rank's chunk and reduces, in rank
-    // order (so every rank gets the same bits).
-    // Chunks follow the slot size on every rank, in place or not: ranks
-    // choose in-place posting each for itself, and must still run the same
-    // rounds.
-    const size_t chunk = slot_bytes_ / es * es;
-    for (size_t k = 0, at = 0; k < Chunks(bytes, chunk); ++k, at += chunk) {
-      const size_t len = std::min(chunk, bytes - at);
-      if (zc) {
-        CXLRT_RETURN_IF_ERROR(ExchangeInPlace(zc_in + at, len));
-      } else {
-        CXLRT_RETURN_IF_ERROR(Exchange({{in + at, len}}));
-      }
-      for (int j = 0; j < nranks_; ++j) {
-        if (j == rank_) {
-          srcs[j] = in + at;
-        } else {
-          CXLRT_ASSIGN_OR_RETURN(srcs[j], PeerBytes(j, len));
-        }
-      }
-      collectives::Reduce(type, op, out + at, srcs.data(), nranks_, len / es, nranks_);
-      EndRound();
-    }
-    if (zc) CXLRT_RETURN_IF_ERROR(AwaitPeersDone(round_));
-    return absl::OkStatus();
-  }
-  // Two-shot: round A posts the chunk (in place when the send buffer lies in
-  // the pool), and each rank reduces its shard of it from every rank; round
-  // B posts the reduced shard through the slot, and each rank copies the
-  // others'. A rank's own shard never goes through the pool. Round B always
-  // copies: a peer that reads lines this core has just written pulls them
-  // out of its cache, which is slower here than reading them from memory
-  // after non-temporal stores.
-  const size_t chunk_elems = std::max<size_t>(1, slot_bytes_ / es);  // same on every rank
-  for (size_t first = 0; first < count; first += chunk_elems) {
-    const size_t m = std::min(chunk_elems, count - first);
-    const size_t lo = m * rank_ / nranks_, hi = m * (rank_ + 1) / nranks_;
-    if (zc) {
-      CXLRT_RETURN_IF_ERROR(ExchangeInPlace(zc_in + first * es, m * es));
-    } else {
-      // Peers read every shard but ours: ours stays out of the pool.
-      const uint8_t* chunk = in + first * es;
-      CXLRT_RETURN_IF_ERROR(
-          Exchange({{chunk, lo * es, 0}, {chunk + hi * es, (m - hi) * es, hi * es}}));
-    }
-    for (int j = 0; j < nranks_; ++j) {
-      if (j == rank_) {
-        srcs[j] = in + (first + lo) * es;
-      } else {
-        CXLRT_ASSIGN_OR_RETURN(const uint8_t* peer, PeerBytes(j, hi * es));
-        srcs[j] = peer + lo * es;
-      }
-    }
-    uint8_t* mine = out + (first + lo) * es;
-    collectives::Reduce(type, op, mine, srcs.data(), nranks_, hi - lo, nranks_);
-    EndRound();
-    CXLRT_RETURN_IF_ERROR(Exchange({{mine, (hi - lo) * es}}));
-    for (int j = 0; j < nranks_; ++j) {
-      if (j == rank_) continue;
-      const size_t jlo = m * j / nranks_, jhi = m * (j + 1) / nranks_;
-      if (jhi == jlo) continue;
-      CXLRT_ASSIGN_OR_RETURN(const uint8_t* peer, PeerBytes(j, (jhi - jlo) * es));
-      runtime::CopyBytes(out + (first + jlo) * es, peer, (jhi - jlo) * es);
-    }
-    EndRound();
-  }
-  // Every peer posted its last round B after reading our last chunk in
-  // round A: the send buffer is ours again without a further wait.
-  return absl::OkStatus();
+  CXLRT_ASSIGN_OR_RETURN(algorithms::Call c, Begin(CollKind::kAllReduce, type, op, count, -1));
+  return algorithms::AllReduce(c, send, recv, count, op);
 }
 
 absl::Status Communicator::ReduceScatter(const void* send, void* recv, size_t recvcount,
                                          DataType type, RedOp op) {
-  CXLRT_RETURN_IF_ERROR(Begin(CollKind::kReduceScatter, type, op, recvcount, -1));
-  const size_t es = SizeOf(type);
-  const auto* in = static_cast<const uint8_t*>(send);
-  auto* out = static_cast<uint8_t*>(recv);
-  const size_t per = std::max<size_t>(1, slot_bytes_ / es / nranks_);
-  std::vector<const void*> srcs(nranks_);
-  std::vector<Piece> pieces(nranks_);
-  for (size_t k = 0, first = 0; k < Chunks(recvcount, per); ++k, first += per) {
-    const size_t m = std::min(per, recvcount - first);
-    // Piece j at j * m in the slot; ours stays out of the pool.
-    pieces.clear();
-    for (int j = 0; j < nranks_; ++j) {
-      if (j != rank_) pieces.push_back({in + (j * recvcount + first) * es, m * es, j * m * es});
-    }
-    CXLRT_RETURN_IF_ERROR(Exchange(pieces));
-    for (int j = 0; j < nranks_; ++j) {
-      if (j == rank_) {
-        srcs[j] = in + (rank_ * recvcount + first) * es;
-      } else {
-        CXLRT_ASSIGN_OR_RETURN(const uint8_t* peer, PeerBytes(j, (rank_ + 1) * m * es));
-        srcs[j] = peer + rank_ * m * es;
-      }
-    }
-    collectives::Reduce(type, op, out + first * es, srcs.data(), nranks_, m, nranks_);
-    EndRound();
-  }
-  return absl::OkStatus();
+  CXLRT_ASSIGN_OR_RETURN(algorithms::Call c,
+                         Begin(CollKind::kReduceScatter, type, op, recvcount, -1));
+  return algorithms::ReduceScatter(c, send, recv, recvcount, op);
 }
 
 absl::Status Communicator::AllGather(const void* send, void* recv, size_t sendcount,
                                      DataType type) {
-  CXLRT_RETURN_IF_ERROR(Begin(CollKind::kAllGather, type, RedOp::kSum, sendcount, -1));
-  const size_t es = SizeOf(type);
-  const auto* in = static_cast<const uint8_t*>(send);
-  auto* out = static_cast<uint8_t*>(recv);
-  const size_t bytes = sendcount * es;
-  const auto zc = ZeroCopyAt(send, bytes);
-  const size_t chunk = slot_bytes_ / es * es;  // same on every rank, in place or not
-  for (size_t k = 0, at = 0; k < Chunks(bytes, chunk); ++k, at += chunk) {
-    const size_t len = std::min(chunk, bytes - at);
-    if (zc) {
-      CXLRT_RETURN_IF_ERROR(ExchangeInPlace(*zc + at, len));
-    } else {
-      CXLRT_RETURN_IF_ERROR(Exchange({{in + at, len}}));
-    }
-    for (int j = 0; j < nranks_; ++j) {
-      uint8_t* dst = out + j * bytes + at;
-      const uint8_t* src = in + at;
-      if (j != rank_) {
-        CXLRT_ASSIGN_OR_RETURN(src, PeerBytes(j, len));
-      }
-      if (len && dst != src) runtime::CopyBytes(dst, src, len);
-    }
-    EndRound();
-  }
-  if (zc) CXLRT_RETURN_IF_ERROR(AwaitPeersDone(round_));
-  return absl::OkStatus();
+  CXLRT_ASSIGN_OR_RETURN(algorithms::Call c,
+                         Begin(CollKind::kAllGather, type, RedOp::kSum, sendcount, -1));
+  return algorithms::AllGather(c, send, recv, sendcount);
 }
 
 absl::Status Communicator::Broadcast(const void* send, void* recv, size_t count, DataType type,
                                      int root) {
-  CXLRT_RETURN_IF_ERROR(Begin(CollKind::kBroadcast, type, RedOp::kSum, count, root));
-  const size_t es = SizeOf(type);
-  const size_t bytes = count * es;
-  const auto* in = static_cast<const uint8_t*>(send);
-  auto* out = static_cast<uint8_t*>(recv);
-  const bool is_root = rank_ == root;
-  const auto zc = is_root ? ZeroCopyAt(send, bytes) : std::nullopt;
-  // Every rank runs the same chunks: the root's choice of in-place is
-  // not known to the others, so chunks follow the slot size.
-  const size_t chunk = slot_bytes_ / es * es;
-  for (size_t k = 0, at = 0; k < Chunks(bytes, chunk); ++k, at += chunk) {
-    const size_t len = std::min(chunk, bytes - at);
-    if (is_root && zc) {
-      CXLRT_RETURN_IF_ERROR(ExchangeInPlace(*zc + at, len));
-    } else {
-      CXLRT_RETURN_IF_ERROR(
-          Exchange(is_root ? std::vector<Piece>{{in + at, len}} : std::vector<Piece>{}));
-    }
-    if (!is_root && len) {
-      CXLRT_ASSIGN_OR_RETURN(const uint8_t* src, PeerBytes(root, len));
-      runtime::CopyBytes(out + at, src, len);
-    }
-    if (is_root && len && out != in) runtime::CopyBytes(out + at, in + at, len);
-    EndRound();
-  }
-  if (zc) CXLRT_RETURN_IF_ERROR(AwaitPeersDone(round_));
-  return absl::OkStatus();
+  CXLRT_ASSIGN_OR_RETURN(algorithms::Call c,
+                         Begin(CollKind::kBroadcast, type, RedOp::kSum, count, root));
+  return algorithms::Broadcast(c, send, recv, count, root);
 }
 
 absl::Status Communicator::Reduce(const void* send, void* recv, size_t count, DataType type,
                                   RedOp op, int root) {
-  CXLRT_RETURN_IF_ERROR(Begin(CollKind::kReduce, type, op, count, root));
-  const size_t es = SizeOf(type);
-  const size_t bytes = count * es;
-  const auto* in = static_cast<const uint8_t*>(send);
-  auto* out = static_cast<uint8_t*>(recv);
-  std::vector<const void*> srcs(nranks_);
-  const size_t chunk = slot_bytes_ / es * es;
-  for (size_t k = 0, at = 0; k < Chunks(bytes, chunk); ++k, at += chunk) {
-    const size_t len = std::min(chunk, bytes - at);
-    CXLRT_RETURN_IF_ERROR(
-        Exchange(rank_ == root ? std::vector<Piece>{} : std::vector<Piece>{{in + at, len}}));
-    if (rank_ == root) {
-      for (int j = 0; j < nranks_; ++j) {
-        if (j == rank_) {
-          srcs[j] = in + at;
-        } else {
-          CXLRT_ASSIGN_OR_RETURN(srcs[j], PeerBytes(j, len));
-        }
-      }
-      collectives::Reduce(type, op, out + at, srcs.data(), nranks_, len / es, nranks_);
-    }
-    EndRound();
-  }
-  return absl::OkStatus();
+  CXLRT_ASSIGN_OR_RETURN(algorithms::Call c, Begin(CollKind::kReduce, type, op, count, root));
+  return algorithms::Reduce(c, send, recv, count, op, root);
 }
 
 absl::Status Communicator::Gather(const void* send, void* recv, size_t sendcount, DataType type,
                                   int root) {
-  CXLRT_RETURN_IF_ERROR(Begin(CollKind::kGather, type, RedOp::kSum, sendcount, root));
-  const size_t es = SizeOf(type);
-  const size_t bytes = sendcount * es;
-  const auto* in = static_cast<const uint8_t*>(send);
-  auto* out = static_cast<uint8_t*>(recv);
-  const size_t chunk = slot_bytes_ / es * es;
-  for (size_t k = 0, at = 0; k < Chunks(bytes, chunk); ++k, at += chunk) {
-    const size_t len = std::min(chunk, bytes - at);
-    CXLRT_RETURN_IF_ERROR(
-        Exchange(rank_ == root ? std::vector<Piece>{} : std::vector<Piece>{{in + at, len}}));
-    if (rank_ == root) {
-      for (int j = 0; j < nranks_; ++j) {
-        uint8_t* dst = out + j * bytes + at;
-        const uint8_t* src = in + at;
-        if (j != rank_) {
-          CXLRT_ASSIGN_OR_RETURN(src, PeerBytes(j, len));
-        }
-        if (len && dst != src) runtime::CopyBytes(dst, src, len);
-      }
-    }
-    EndRound();
-  }
-  return absl::OkStatus();
+  CXLRT_ASSIGN_OR_RETURN(algorithms::Call c,
+                         Begin(CollKind::kGather, type, RedOp::kSum, sendcount, root));
+  return algorithms::Gather(c, send, recv, sendcount, root);
 }
 
 absl::Status Communicator::Scatter(const void* send, void* recv, size_t recvcount, DataType type,
                                    int root) {
-  CXLRT_RETURN_IF_ERROR(Begin(CollKind::kScatter, type, RedOp::kSum, recvcount, root));
-  const size_t es = SizeOf(type);
-  const auto* in = static_cast<const uint8_t*>(send);
-  auto* out = static_cast<uint8_t*>(recv);
-  const size_t per = std::max<size_t>(1, slot_bytes_ / es / nranks_);
-  std::vector<Piece> pieces;
-  for (size_t k = 0, first = 0; k < Chunks(recvcount, per); ++k, first += per) {
-    const size_t m = std::min(per, recvcount - first);
-    pieces.clear();
-    if (rank_ == root) {
-      for (int j = 0; j < nranks_; ++j) {
-        if (j != rank_) pieces.push_back({in + (j * recvcount + first) * es, m * es, j * m * es});
-      }
-    }
-    CXLRT_RETURN_IF_ERROR(Exchange(pieces));
-    uint8_t* dst = out + first * es;
-    const uint8_t* src = in + (rank_ * recvcount + first) * es;
-    if (rank_ != root) {
-      CXLRT_ASSIGN_OR_RETURN(src, PeerBytes(root, (rank_ + 1) * m * es));
-      src += rank_ * m * es;
-    }
-    if (m && dst != src) runtime::CopyBytes(dst, src, m * es);
-    EndRound();
-  }
-  return absl::OkStatus();
+  CXLRT_ASSIGN_OR_RETURN(algorithms::Call c,
+                         Begin(CollKind::kScatter, type, RedOp::kSum, recvcount, root));
+  return algorithms::Scatter(c, send, recv, recvcount, root);
 }
 
 absl::Status Communicator::AllToAll(const void* send, void* recv, size_t count, DataType type) {
-  CXLRT_RETURN_IF_ERROR(Begin(CollKind::kAllToAll, type, RedOp::kSum, count, -1));
-  const size_t es = SizeOf(type);
-  const auto* in = static_cast<const uint8_t*>(send);
-  auto* out = static_cast<uint8_t*>(recv);
-  const size_t per = std::max<size_t>(1, slot_bytes_ / es / nranks_);
-  std::vector<Piece> pieces(nranks_);
-  for (size_t k = 0, first = 0; k < Chunks(count, per); ++k, first += per) {
-    const size_t m = std::min(per, count - first);
-    pieces.clear();
-    for (int j = 0; j < nranks_; ++j) {
-      if (j != rank_) pieces.push_back({in + (j * count + first) * es, m * es, j * m * es});
-    }
-    CXLRT_RETURN_IF_ERROR(Exchange(pieces));
-    // In place, our own piece for us is already where it belongs; the
-    // others' pieces land over ones we posted (copied into the slot).
-    if (m && out != in) {
-      runtime::CopyBytes(out + (rank_ * count + first) * es, in + (rank_ * count + first) * es,
-                         m * es);
-    }
-    for (int j = 0; j < nranks_; ++j) {
-      if (j == rank_ || m == 0) continue;
-      CXLRT_ASSIGN_OR_RETURN(const uint8_t* peer, PeerBytes(j, (rank_ + 1) * m * es));
-      runtime::CopyBytes(out + (j * count + first) * es, peer + rank_ * m * es, m * es);
-    }
-    EndRound();
-  }
-  return absl::OkStatus();
+  CXLRT_ASSIGN_OR_RETURN(algorithms::Call c,
+                         Begin(CollKind::kAllToAll, type, RedOp::kSum, count, -1));
+  return algorithms::AllToAll(c, send, recv, count);
 }
 
 absl::Status Communicator::Barrier() {
-  CXLRT_RETURN_IF_ERROR(Begin(CollKind::kBarrier, DataType::kUint8, RedOp::kSum, 0, -1));
-  CXLRT_RETURN_IF_ERROR(Exchange({}));
-  EndRound();
-  return absl::OkStatus();
-}
-
-absl::Status Communicator::Send(const void* buf, size_t count, DataType type, int peer) {
-  if (!failed_.ok() || destroyed_) {
-    return absl::FailedPreconditionError(absl::StrCat(name_, " is aborted or destroyed"));
-  }
-  if (peer < 0 || peer >= nranks_ || peer == rank_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Send to rank ", peer, " from rank ", rank_, " of ", nranks_));
-  }
-  deadline_ = absl::Now() + options_.timeout;
-  const size_t bytes = count * SizeOf(type);
-  const auto* in = static_cast<const uint8_t*>(buf);
-  const PoolOffset line = P2pAt(rank_, peer);
-  const PoolOffset consumed = line + offsetof(P2pLayout, consumed);
-  for (size_t k = 0, at = 0; k < Chunks(bytes, p2p_bytes_); ++k, at += p2p_bytes_) {
-    const size_t len = std::min<size_t>(p2p_bytes_, bytes - at);
-    const uint64_t seq = ++sent_[peer];
-    absl::Status s = runtime::WaitUntil([&] { return c_.LoadFlag(consumed) + 1 >= seq; }, deadline_,
-                                        "the receiver", watch_.get(), kYieldFor, spins_);
-    if (!s.ok()) {
-      return Fail(absl::Status(s.code(), absl::StrCat("Send from rank ", rank_, " to rank ", peer,
-                                                      " of ", name_, ": ", s.message())));
-    }
-    c_.CopyToPool(P2pBufferAt(rank_, peer), in + at, len);
-    P2pLayout p = {};
-    p.bytes = len;
-    p.total = count;
-    p.type = static_cast<uint64_t>(type);
-    p.instance = instance_;
-    PublishBody(line, &p, offsetof(P2pLayout, pad0));
-    c_.StoreFlag(line, seq);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Communicator::Recv(void* buf, size_t count, DataType type, int peer) {
-  if (!failed_.ok() || destroyed_) {
-    return absl::FailedPreconditionError(absl::StrCat(name_, " is aborted or destroyed"));
-  }
-  if (peer < 0 || peer >= nranks_ || peer == rank_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Recv from rank ", peer, " at rank ", rank_, " of ", nranks_));
-  }
-  deadline_ = absl::Now() + options_.timeout;
-  const size_t bytes = count * SizeOf(type);
-  auto* out = static_cast<uint8_t*>(buf);
-  const PoolOffset line = P2pAt(peer, rank_);
-  for (size_t k = 0, at = 0; k < Chunks(bytes, p2p_bytes_); ++k, at += p2p_bytes_) {
-    const size_t len = std::min<size_t>(p2p_bytes_, bytes - at);
-    const uint64_t seq = ++received_[peer];
-    absl::Status s = runtime::WaitUntil([&] { return c_.LoadFlag(line) >= seq; }, deadline_,
-                                        "the sender", watch_.get(), kYieldFor, spins_);
-    if (!s.ok()) {
-      return Fail(absl::Status(s.code(), absl::StrCat("Recv at rank ", rank_, " from rank ", peer,
-                                                      " of ", name_, ": ", s.message())));
-    }
-    const P2pLayout p = c_.FetchObject<P2pLayout>(line);
-    if (p.instance != instance_ || p.bytes > p2p_bytes_) {
-      return Fail(absl::DataLossError(absl::StrCat(
-          "Recv at rank ", rank_, " from rank ", peer, " of ", name_, ": the channel holds ",
-          p.bytes, " bytes of communicator instance ", absl::Hex(p.instance), " (this one is ",
-          absl::Hex(instance_), ", buffers of ", p2p_bytes_, " bytes)")));
-    }
-    if (p.total != count || p.type != static_cast<uint64_t>(type) || p.bytes != len) {
-      return Fail(absl::InvalidArgumentError(
-          absl::StrCat("rank ", rank_, " called Recv(count=", count, ", ", DataTypeName(type),
-                       ") but rank ", peer, " called Send(count=", p.total, ", ",
-                       p.type < kNumDataTypes ? DataTypeName(static_cast<DataType>(p.type)) : "?",
-                       ") on ", name_)));
-    }
-    if (len) c_.CopyFromPool(out + at, P2pBufferAt(peer, rank_), len);
-    c_.StoreFlag(P2pAt(peer, rank_) + offsetof(P2pLayout, consumed), seq);
-  }
-  return absl::OkStatus();
+  CXLRT_ASSIGN_OR_RETURN(algorithms::Call c,
+                         Begin(CollKind::kBarrier, DataType::kUint8, RedOp::kSum, 0, -1));
+  return algorithms::Barrier(c);
 }
 
 absl::StatusOr<void*> Communicator::Allocate(size_t bytes) {

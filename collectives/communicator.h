@@ -2,12 +2,14 @@
 //
 // A communicator is (pool, name, nranks, rank). Rank 0 makes its block in
 // the pool under the name "comm/NAME"; the others find it and join. There is
-// no network bootstrap. Every collective runs as rounds: in a round each
-// rank posts its bytes (inline in its post line when tiny, else in its slot,
-// or in place when its buffer already lies in the pool) with a descriptor
-// of the call, waits for every peer's post of the same round, checks the
-// descriptors, reads what it needs, and marks the round done. Slots are
-// double-buffered, so a rank runs up to one round ahead of the slowest.
+// no network bootstrap. Every collective runs as a pipeline of chunks
+// (collectives/algorithms/): per chunk each rank posts its bytes (inline in
+// its post line when tiny, else in its slot, or in place when its buffer
+// already lies in the pool) with a descriptor of the call, waits for every
+// peer's post of the same chunk, checks the descriptors, reads what it
+// needs, and marks the post read (collectives/transport.h). Each rank has a
+// ring of slots, so it copies chunk k+1 in while its peers read chunk k.
+// Bytes move through a copy engine (collectives/copy_engine.h).
 // docs/collectives.md is the protocol and the algorithms.
 //
 // Errors: a mismatched call is kInvalidArgument naming both ranks and both
@@ -34,7 +36,10 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "allocator/allocator.h"
+#include "collectives/algorithms/algorithm.h"
 #include "collectives/comm_layout.h"
+#include "collectives/copy_engine.h"
+#include "collectives/transport.h"
 #include "collectives/types.h"
 #include "runtime/pool.h"
 #include "runtime/wait.h"
@@ -43,31 +48,29 @@ namespace cxlrt::collectives {
 
 using runtime::PoolOffset;
 
-enum class CollKind : uint8_t {
-  kAllReduce = 1,
-  kReduceScatter,
-  kAllGather,
-  kBroadcast,
-  kReduce,
-  kGather,
-  kScatter,
-  kAllToAll,
-  kBarrier,
-};
-const char* CollKindName(CollKind k);
-
 struct CommOptions {
   // Every wait of a call gives up after this (kDeadlineExceeded).
   // 0: CXLRT_COMM_TIMEOUT_MS, else 60 s.
   absl::Duration timeout = absl::ZeroDuration();
-  // Bytes of each of a rank's two data slots. 0: CXLRT_COMM_SLOT_BYTES,
-  // else 1 MiB. Rank 0's value wins; others must agree or pass 0.
+  // Bytes of each of a rank's data slots (the most one post of a rank holds
+  // when it is not posted in place). 0: CXLRT_COMM_SLOT_BYTES, else 1 MiB.
+  // Rank 0's value wins, as for depth.
   uint64_t slot_bytes = 0;
+  // Slots per rank, 2 to 8: a rank posts up to depth - 1 chunks ahead of
+  // its slowest peer. 0: CXLRT_COMM_DEPTH, else 4.
+  uint32_t depth = 0;
+  // Bytes of a chunk of a rank's contribution (capped by the slot). 0:
+  // CXLRT_COMM_CHUNK_BYTES, else the measured table of docs/collectives.md.
+  // Every rank must pass the same value.
+  uint64_t chunk_bytes = 0;
   // Bytes of each point-to-point buffer. 0: CXLRT_COMM_P2P_BYTES, else 64 KiB.
   uint64_t p2p_bytes = 0;
   // All-reduces up to this many bytes run one-shot, larger ones two-shot.
   // 0: CXLRT_ALLREDUCE_ONESHOT_MAX, else 64 KiB.
   uint64_t oneshot_max = 0;
+  // Moves the bytes of every collective (not of Send/Recv). Null: the CPU
+  // engine. Not owned; must outlive the communicator.
+  CopyEngine* engine = nullptr;
 };
 
 // Rank and size as the launcher set them: cxlrt run (CXLRT_RANK /
@@ -134,36 +137,24 @@ class Communicator {
   // Marks the communicator aborted for every rank, now; no wait.
   void Abort(absl::string_view why = "aborted by the application");
 
-  // Rounds run so far (for tests and benchmarks).
-  uint64_t rounds() const { return round_; }
-  // Where this rank's two data slots lie in the pool (diagnostics, tests).
-  std::pair<PoolOffset, PoolOffset> slots() const { return {my_slots_[0], my_slots_[1]}; }
+  // Posts made so far (for tests and benchmarks).
+  uint64_t posts() const { return transport_->staged(); }
+  // Where this rank's data slots lie in the pool (diagnostics, tests).
+  const std::vector<PoolOffset>& slots() const { return my_slots_; }
 
  private:
   class PeerWatch;
-  // Bytes a rank posts: `len` bytes from `data`, at byte `at` of the post
-  // (kNext: right after the previous piece).
-  static constexpr size_t kNext = ~size_t{0};
-  struct Piece {
-    const void* data;
-    size_t len;
-    size_t at = kNext;
-  };
 
   Communicator(allocator::Allocator& alloc, std::string name, int nranks, int rank,
                const CommOptions& options);
   absl::Status Join();
-  // Allocates this rank's two slots (striped over the pool's devices).
+  // Allocates this rank's slots (striped over the pool's devices).
   absl::Status AllocateSlots();
   void FreeSlots();
 
   PoolOffset RankAt(int r) const {
     return block_ + sizeof(CommHeaderLayout) + uint64_t(r) * sizeof(RankLayout);
   }
-  PoolOffset PostAt(int r, uint64_t round) const {
-    return RankAt(r) + offsetof(RankLayout, post) + (round & 1) * sizeof(PostLayout);
-  }
-  PoolOffset SlotAt(int r, uint64_t round) const { return peers_[r].slots[round & 1]; }
   PoolOffset P2pAt(int s, int d) const {
     return block_ + p2p_offset_ + (uint64_t(s) * nranks_ + d) * sizeof(P2pLayout);
   }
@@ -171,37 +162,22 @@ class Communicator {
     return block_ + p2p_buffers_offset_ + (uint64_t(s) * nranks_ + d) * p2p_bytes_;
   }
 
-  // Starts a call: checks the communicator is usable, numbers the call.
-  absl::Status Begin(CollKind kind, DataType type, RedOp op, size_t count, int root);
-  // One round: posts `pieces` (copied into this rank's slot, or inline), or
-  // the pool range [zc, zc+len) in place, and waits for every peer's post.
-  absl::Status Exchange(const std::vector<Piece>& pieces);
-  absl::Status ExchangeInPlace(PoolOffset at, size_t len);
-  // Peer j's posted bytes (valid until EndRound).
-  // The bytes rank j posted this round; the caller reads the first `need`.
-  // kDataLoss (and the communicator fails) when j posted fewer.
-  absl::StatusOr<const uint8_t*> PeerBytes(int j, size_t need);
+  // Starts a collective: checks the communicator is usable and the
+  // arguments, numbers the call, and hands the algorithm its context.
+  absl::StatusOr<algorithms::Call> Begin(CollKind kind, DataType type, RedOp op, size_t count,
+                                         int root);
   // Publishes the bytes of a flag line after its flag word (see .cc).
   void PublishBody(runtime::PoolOffset line, const void* obj, size_t size);
   // Rank 0's Destroy: waits until no rank can write the block any more.
   absl::Status AwaitEveryRankGone();
-  void EndRound();
-  // Waits until every peer has finished round `round` (their reads of this
-  // rank's in-place buffers are over).
-  absl::Status AwaitPeersDone(uint64_t round);
   // Records the first error, tells the peers, returns it.
   absl::Status Fail(absl::Status s);
-  std::string Describe(const CallDesc& d) const;
+  // OK, or the first error (the communicator is then aborted).
+  const absl::Status& failed() const;
+  // Ends waits when a peer dies, leaves or aborts.
+  runtime::WaitWatch* watch() const;
   // The pool offset of [p, p+len) when it lies in the pool.
   std::optional<PoolOffset> InPool(const void* p, size_t len) const;
-  // Where [p, p+len) may be posted in place: in the pool and aligned to the
-  // call's elements (a peer refuses a post that is not).
-  std::optional<PoolOffset> ZeroCopyAt(const void* p, size_t len) const;
-  absl::Status WaitPosted(uint64_t round);
-  // Reads peer j's post of `round`: kInvalidArgument naming both calls when
-  // it is another call.
-  absl::Status CheckPost(int j, uint64_t round);
-  absl::Status WaitSlotFree(uint64_t round);
 
   allocator::Allocator& alloc_;
   runtime::Pool& pool_;
@@ -212,20 +188,19 @@ class Communicator {
   PoolOffset block_ = 0;
   uint64_t slot_bytes_ = 0, p2p_bytes_ = 0;
   uint64_t p2p_offset_ = 0, p2p_buffers_offset_ = 0;
-  PoolOffset my_slots_[2] = {0, 0};  // allocated by this rank
+  uint32_t depth_ = 0;
+  std::vector<PoolOffset> my_slots_;  // allocated by this rank, depth_ of them
   uint64_t instance_ = 0;
   std::vector<JoinLayout> peers_;  // as joined
   std::unique_ptr<PeerWatch> watch_;
   int spins_ = -1;  // spins before a wait yields; -1: CXLRT_WAIT_SPINS
+  std::unique_ptr<CopyEngine> cpu_engine_;
+  std::unique_ptr<Transport> transport_;  // after Join
 
-  uint64_t round_ = 0;  // rounds finished; the next one is round_ + 1
   uint64_t calls_ = 0;
-  CallDesc desc_;
-  absl::Time deadline_;
-  std::vector<PostLayout> posts_;          // peers' posts of the current round
+  absl::Time deadline_;                    // of the current Send or Recv
   std::vector<uint64_t> sent_, received_;  // p2p chunks per peer
   std::vector<PoolOffset> buffers_;        // from Allocate
-  absl::Status failed_;
   bool destroyed_ = false;
   bool made_block_ = false;  // rank 0 made the block (frees it if joining fails)
 };

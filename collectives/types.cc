@@ -232,4 +232,28 @@ std::optional<RedOp> ParseRedOp(absl::string_view name) {
   }
 }
 
+const char* CollKindName(CollKind k) {
+  switch (k) {
+    case CollKind::kAllReduce:
+      return "AllReduce";
+    case CollKind::kReduceScatter:
+      return "ReduceScatter";
+    case CollKind::kAllGather:
+      return "AllGather";
+    case CollKind::kBroadcast:
+      return "Broadcast";
+    case CollKind::kReduce:
+      return "Reduce";
+    case CollKind::kGather:
+      return "Gather";
+    case CollKind::kScatter:
+      return "Scatter";
+    case CollKind::kAllToAll:
+      return "AllToAll";
+    case CollKind::kBarrier:
+      return "Barrier";
+  }
+  return "?";
+}
+
 }  // namespace cxlrt::collectives

@@ -55,6 +55,20 @@ inline constexpr int kNumDataTypes = 10;
 enum class RedOp : uint8_t { kSum, kProd, kMin, kMax, kAvg };
 inline constexpr int kNumRedOps = 5;
 
+// The collectives, as a call descriptor names them.
+enum class CollKind : uint8_t {
+  kAllReduce = 1,
+  kReduceScatter,
+  kAllGather,
+  kBroadcast,
+  kReduce,
+  kGather,
+  kScatter,
+  kAllToAll,
+  kBarrier,
+};
+const char* CollKindName(CollKind k);
+
 // Bytes of one element.
 size_t SizeOf(DataType t);
 // "int8" ... "float64" (nccl-tests spells fp16/bf16 "half"/"bfloat16"; we

@@ -1,5 +1,6 @@
 #include "runtime/config.h"
 
+#include <cctype>
 #include <cstdlib>
 
 #include "absl/strings/numbers.h"
@@ -26,10 +27,19 @@ constexpr ConfigVar kTable[] = {
     {"CXLRT_FAULT", "", "Fault points to fire: point:action[:count],... (docs/faults.md)."},
     {"CXLRT_COMM_TIMEOUT_MS", "60000", "Deadline of every wait of a collective call."},
     {"CXLRT_COMM_SLOT_BYTES", "1048576",
-     "Bytes of each of a rank's two data slots in a communicator (the pipeline's chunk)."},
+     "Bytes of each of a rank's data slots in a communicator (the largest chunk it posts)."},
     {"CXLRT_COMM_P2P_BYTES", "65536", "Bytes of each Send/Recv buffer (one per rank pair)."},
     {"CXLRT_ALLREDUCE_ONESHOT_MAX", "65536",
      "All-reduces up to this many bytes run one-shot; larger ones two-shot."},
+    {"CXLRT_COMM_DEPTH", "4",
+     "Data slots per rank in a communicator (2-8): a rank posts up to this many chunks minus one "
+     "ahead of its slowest peer."},
+    {"CXLRT_COMM_CHUNK_BYTES", "0",
+     "Bytes of a collective's chunks (capped by the slot); 0: the measured table of "
+     "docs/collectives.md."},
+    {"CXLRT_PIN", "auto",
+     "Core pinning of the ranks `cxlrt run` and `cxlrt bench` start: auto (round-robin over the "
+     "allowed cores when ranks do not outnumber them), off, or a comma-separated core list."},
 };
 
 absl::Status ParseUint(const char* name, const char* value, uint32_t lo, uint32_t hi,
@@ -139,6 +149,25 @@ absl::StatusOr<Config> ParseConfig(const std::function<const char*(const char*)>
         !s.ok()) {
       return s;
     }
+  }
+  if (const char* v = getenv("CXLRT_COMM_DEPTH"); v && *v) {
+    if (auto s = ParseUint("CXLRT_COMM_DEPTH", v, 2, 8, &c.comm_depth); !s.ok()) return s;
+  }
+  if (const char* v = getenv("CXLRT_COMM_CHUNK_BYTES"); v && *v) {
+    if (auto s = ParseUint("CXLRT_COMM_CHUNK_BYTES", v, 0, 1u << 30, &c.comm_chunk_bytes);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (const char* v = getenv("CXLRT_PIN"); v && *v) {
+    const std::string p = v;
+    bool list = !p.empty();
+    for (char ch : p) list = list && (std::isdigit(static_cast<unsigned char>(ch)) || ch == ',');
+    if (p != "auto" && p != "off" && !list) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CXLRT_PIN='", p, "' is not auto, off or a comma-separated list of core numbers"));
+    }
+    c.pin = p == "auto" ? "" : p;
   }
   return c;
 }

@@ -11,6 +11,7 @@
 
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "runtime/checksum.h"
 #include "runtime/fault.h"
 #include "runtime/membership.h"
+#include "tests/collectives/late_engine.h"
 #include "tests/testing/test_util.h"
 
 namespace cxlrt::collectives {
@@ -276,6 +278,10 @@ std::string RunCase(Communicator& comm, const Case& c, runtime::Pool& pool) {
     std::vector<uint8_t> input(scount * es);
     for (size_t i = 0; i < scount; ++i) Store(c.type, input.data(), i, Value(c.type, r, i));
     const auto at = static_cast<runtime::PoolOffset>(send - pool.backend().base());
+    // Lines this host cached in an earlier case (the block was another
+    // buffer then, written since by plain stores) are dropped first: the
+    // write-back of the post would otherwise put their stale words back.
+    pool.coherence().Invalidate(at, input.size());
     pool.coherence().Write(at, input.data(), input.size());
   } else {
     for (size_t i = 0; i < scount; ++i) Store(c.type, send, i, Value(c.type, r, i));
@@ -519,7 +525,13 @@ class CollectivesTest : public ::testing::TestWithParam<CoherenceDomain> {
         if (!h.ok()) {
           err = h.status().ToString();
         } else {
-          auto comm = Communicator::Create(*h->alloc, name, n, r, options);
+          std::unique_ptr<CopyEngine> engine;
+          CommOptions o = options;
+          if (engine_factory_) {
+            engine = engine_factory_(h->pool->coherence(), r);
+            o.engine = engine.get();
+          }
+          auto comm = Communicator::Create(*h->alloc, name, n, r, o);
           if (!comm.ok()) {
             err = comm.status().ToString();
           } else {
@@ -544,6 +556,9 @@ class CollectivesTest : public ::testing::TestWithParam<CoherenceDomain> {
 
   static constexpr size_t kErrPerRank = 1024;
   static constexpr size_t kErrBytes = 8 * kErrPerRank;
+  // Set: every rank's communicator moves its bytes through the engine this
+  // makes (for rank r, over its pool).
+  std::function<std::unique_ptr<CopyEngine>(runtime::Coherence&, int)> engine_factory_;
   TempDir dir_;
   std::string create_, uri_;
   char* errors_ = nullptr;
@@ -654,19 +669,97 @@ TEST_P(CollectivesTest, EightRanksOnTwoCoresCompleteEveryCollective) {
   });
 }
 
-TEST_P(CollectivesTest, SmallSlotsPipelineLargeMessagesThroughManyChunks) {
-  CommOptions o;
-  o.slot_bytes = 4096;
-  o.oneshot_max = 256;
+// Cases for the pipeline tests: every collective over many chunks, private
+// and pool-resident, out of place and in place.
+std::vector<Case> PipelineCases() {
   std::vector<Case> cases;
   for (CollKind k : AllKinds()) {
-    cases.push_back({k, DataType::kFloat32, RedOp::kSum, 5000, Rooted(k) ? 1 : -1, false, false});
+    for (bool in_pool : {false, true}) {
+      for (bool in_place : {false, true}) {
+        cases.push_back(
+            {k, DataType::kFloat32, RedOp::kSum, 5000, Rooted(k) ? 1 : -1, in_place, in_pool});
+      }
+    }
   }
   cases.push_back({CollKind::kAllReduce, DataType::kFloat16, RedOp::kProd, 7777, -1, true, false});
+  cases.push_back({CollKind::kAllReduce, DataType::kInt64, RedOp::kMax, 3001, -1, false, true});
+  return cases;
+}
+
+TEST_P(CollectivesTest, SmallSlotsPipelineLargeMessagesThroughManyChunks) {
+  // Slots of 4 KiB against messages of 20 KiB and more: tens of chunks in
+  // flight per call, at the shallowest and the deepest ring, and with
+  // chunks smaller than the slot.
+  const auto cases = PipelineCases();
+  for (uint32_t depth : {2u, 8u}) {
+    for (uint64_t chunk : {uint64_t{0}, uint64_t{1000}}) {
+      SCOPED_TRACE(absl::StrCat("depth ", depth, ", chunk ", chunk));
+      CommOptions o;
+      o.slot_bytes = 4096;
+      o.oneshot_max = 256;
+      o.depth = depth;
+      o.chunk_bytes = chunk;
+      RunRanks(
+          3,
+          [&](Communicator& comm, allocator::Allocator& alloc) -> std::string {
+            const uint64_t before = comm.posts();
+            std::string e = RunAll(comm, cases, alloc.pool());
+            if (e.empty() && comm.posts() - before < 5 * cases.size()) {
+              return absl::StrCat(comm.posts() - before, " posts for ", cases.size(),
+                                  " calls: the messages did not go in many chunks");
+            }
+            return e;
+          },
+          absl::Seconds(120), o);
+      if (HasFailure()) return;
+    }
+  }
+}
+
+TEST_P(CollectivesTest, EveryCollectiveStaysExactWhenTheEngineCompletesLateAndOutOfOrder) {
+  // The algorithms must wait for each copy before publishing it, for each
+  // reduction before posting its result, and for each read before marking
+  // a post read: the late engine runs nothing when asked, and later in a
+  // random order.
+  engine_factory_ = [](runtime::Coherence& c, int r) -> std::unique_ptr<CopyEngine> {
+    return std::make_unique<LateEngine>(c, 1234 + r);
+  };
+  CommOptions o;
+  o.slot_bytes = 8192;
+  o.oneshot_max = 1024;
+  auto cases = PipelineCases();
+  for (CollKind k : AllKinds()) {
+    cases.push_back({k, DataType::kBfloat16, RedOp::kAvg, 3, Rooted(k) ? 0 : -1, false, false});
+  }
   RunRanks(
       3,
       [&](Communicator& comm, allocator::Allocator& alloc) {
         return RunAll(comm, cases, alloc.pool());
+      },
+      absl::Seconds(120), o);
+}
+
+TEST_P(CollectivesTest, ARankStalledMidStreamDelaysTheOthersButNotTheirResults) {
+  // Rank 1 stalls 300 ms before publishing its 7th post (inside a call of
+  // many chunks): the others run ahead up to their rings and wait; every
+  // result stays exact.
+  CommOptions o;
+  o.slot_bytes = 4096;
+  o.oneshot_max = 256;
+  const auto cases = PipelineCases();
+  RunRanks(
+      3,
+      [&](Communicator& comm, allocator::Allocator& alloc) -> std::string {
+        if (comm.rank() == 1) {
+          absl::Status armed = runtime::ArmFaults("coll.round.posted:stall=300:7");
+          if (!armed.ok()) return armed.ToString();
+        }
+        const absl::Time start = absl::Now();
+        std::string e = RunAll(comm, cases, alloc.pool());
+        if (e.empty() && absl::Now() - start < absl::Milliseconds(300)) {
+          return "the stall did not happen";
+        }
+        return e;
       },
       absl::Seconds(120), o);
 }
@@ -676,9 +769,12 @@ TEST_P(CollectivesTest, RanksThatDisagreeOnZeroCopyStillRunTheSameRounds) {
   // depend on it, or the ranks would run different numbers of rounds.
   std::vector<Case> cases;
   for (size_t count : {size_t{1000}, (size_t{3} << 20) / 4 + 5}) {
-    for (CollKind k : {CollKind::kAllReduce, CollKind::kAllGather, CollKind::kBroadcast}) {
-      cases.push_back({k, DataType::kFloat32, RedOp::kSum, count,
-                       k == CollKind::kBroadcast ? 0 : -1, false, true, true});
+    for (CollKind k : AllKinds()) {
+      for (int root : {0, 1}) {
+        if (!Rooted(k) && root == 1) continue;
+        cases.push_back(
+            {k, DataType::kFloat32, RedOp::kSum, count, Rooted(k) ? root : -1, false, true, true});
+      }
     }
   }
   RunRanks(3, [&](Communicator& comm, allocator::Allocator& alloc) {
@@ -777,6 +873,36 @@ TEST_P(CollectivesTest, ARankKilledMidCollectiveAbortsTheOthersNamingIt) {
         return "";
       },
       absl::Seconds(60), o, "killed", [](int r) { return r == 1 ? runtime::kFaultExitCode : 0; });
+}
+
+TEST_P(CollectivesTest, ARankKilledMidPipelineAbortsTheOthersNamingIt) {
+  // Rank 2 dies at its 9th post, inside one all-gather of many chunks
+  // (4 KiB slots, 1 MB per rank), with the others' posts still in its ring:
+  // they get kAborted naming it within its lease, not a hang.
+  CommOptions o;
+  o.timeout = absl::Seconds(30);
+  o.slot_bytes = 4096;
+  RunRanks(
+      3,
+      [](Communicator& comm, allocator::Allocator&) -> std::string {
+        if (comm.rank() == 2) {
+          absl::Status armed = runtime::ArmFaults("coll.round.posted:crash:9");
+          if (!armed.ok()) return armed.ToString();
+        }
+        std::vector<float> a(250000, 1.0f), b(3 * 250000);
+        const absl::Time start = absl::Now();
+        absl::Status s = comm.AllGather(a.data(), b.data(), a.size(), DataType::kFloat32);
+        if (comm.rank() == 2) return "rank 2 survived its crash point";
+        if (s.code() != absl::StatusCode::kAborted) return "not aborted: " + s.ToString();
+        if (std::string(s.message()).find("rank 2") == std::string::npos) {
+          return "does not name rank 2: " + s.ToString();
+        }
+        if (absl::Now() - start > absl::Seconds(10)) return "took too long to notice";
+        comm.Abort();
+        return "";
+      },
+      absl::Seconds(60), o, "killed-pipeline",
+      [](int r) { return r == 2 ? runtime::kFaultExitCode : 0; });
 }
 
 TEST_P(CollectivesTest, AMissingRankTimesOutWithADeadline) {
@@ -1018,8 +1144,10 @@ TEST_P(CollectivesTest, APostShorterThanTheCallIsDataLossNotAnOverRead) {
     me.host_slot = h->membership->slot();
     me.host_epoch = h->membership->epoch();
     me.pid = getpid();
-    me.slots[0] = me.slots[1] = *slot;
+    RingLayout ring = {};
+    for (uint32_t i = 0; i < hdr.depth; ++i) ring.slot[i] = *slot;
     c.Publish(rank1 + 8, reinterpret_cast<uint8_t*>(&me) + 8, sizeof(me) - 8);
+    c.Publish(rank1 + offsetof(RankLayout, ring), &ring, sizeof(ring));
     c.StoreFlag(rank1, static_cast<uint64_t>(JoinState::kJoined));
     PostLayout post = {};
     post.instance = hdr.instance;
@@ -1138,11 +1266,12 @@ TEST_P(StripedCollectivesTest, SlotsAreStripedOverDevicesAndCollectivesStayExact
   RunRanks(3, [](Communicator& comm, allocator::Allocator& alloc) -> std::string {
     const runtime::DeviceMap& d = alloc.pool().devices();
     if (d.count() != 2) return absl::StrCat("the pool has ", d.count(), " devices");
-    const auto [s0, s1] = comm.slots();
     const uint32_t r = comm.rank();
-    if (d.DeviceOf(s0) != r % 2 || d.DeviceOf(s1) != (r + 1) % 2) {
-      return absl::StrCat("rank ", r, "'s slots are on devices ", d.DeviceOf(s0), " and ",
-                          d.DeviceOf(s1));
+    const std::vector<runtime::PoolOffset>& slots = comm.slots();
+    for (uint32_t i = 0; i < slots.size(); ++i) {
+      if (d.DeviceOf(slots[i]) != (r + i) % 2) {
+        return absl::StrCat("rank ", r, "'s slot ", i, " is on device ", d.DeviceOf(slots[i]));
+      }
     }
     std::vector<Case> cases;
     for (CollKind k : AllKinds()) {

@@ -186,7 +186,7 @@ absl::Status RunCall(Communicator& comm, const Input& in, size_t count) {
 
 PostLayout CorrectPost(const Input& in, uint64_t instance, size_t count, runtime::PoolOffset slot) {
   PostLayout p = {};
-  p.round = 1;
+  p.seq = 1;
   p.instance = instance;
   p.desc.call = 1;
   p.desc.type = static_cast<uint8_t>(DataType::kFloat32);
@@ -242,9 +242,20 @@ absl::Status FuzzPeer(World& w, const Input& in) {
     me.host_slot = h.membership->slot();
     me.host_epoch = h.membership->epoch();
     me.pid = getpid();
-    me.slots[0] = me.slots[1] = *slot;
-    if (in.target == 1) Patch(in, &me, sizeof(me));
+    RingLayout ring = {};
+    for (uint32_t i = 0; i < kMaxDepth; ++i) ring.slot[i] = *slot;
+    if (in.target == 1) {
+      // The join line and the ring line, as one record.
+      struct {
+        JoinLayout join;
+        RingLayout ring;
+      } lines = {me, ring};
+      Patch(in, &lines, sizeof(lines));
+      me = lines.join;
+      ring = lines.ring;
+    }
     h.c().Publish(rank1 + 8, reinterpret_cast<uint8_t*>(&me) + 8, sizeof(me) - 8);
+    h.c().Publish(rank1 + offsetof(RankLayout, ring), &ring, sizeof(ring));
     h.c().StoreFlag(rank1, me.state);
     if (in.target == 3) {
       // One chunk of a Send of `count` floats to rank 0.
@@ -262,9 +273,9 @@ absl::Status FuzzPeer(World& w, const Input& in) {
       PostLayout post = CorrectPost(in, hdr.instance, count, *slot);
       if (in.target == 2) Patch(in, &post, sizeof(post));
       const runtime::PoolOffset line =
-          rank1 + offsetof(RankLayout, post) + (post.round & 1) * sizeof(PostLayout);
+          rank1 + offsetof(RankLayout, post) + (post.seq % hdr.depth) * sizeof(PostLayout);
       h.c().Publish(line + 8, reinterpret_cast<uint8_t*>(&post) + 8, sizeof(post) - 8);
-      h.c().StoreFlag(line, post.round);
+      h.c().StoreFlag(line, post.seq);
     }
     while (!victim_done.load()) absl::SleepFor(absl::Microseconds(100));
     h.c().StoreFlag(rank1, static_cast<uint64_t>(JoinState::kLeft));

@@ -1,0 +1,101 @@
+// What every algorithm shares: chunk sizes, posting a rank's pieces, waits.
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "collectives/algorithms/algorithm.h"
+#include "runtime/status_macros.h"
+
+namespace cxlrt::collectives::algorithms {
+
+std::optional<PoolOffset> Call::ZeroCopyAt(const void* p, size_t len) const {
+  const auto* b = static_cast<const uint8_t*>(p);
+  if (b < pool_base || b >= pool_base + pool_size ||
+      len > static_cast<uint64_t>(pool_base + pool_size - b)) {
+    return std::nullopt;
+  }
+  const auto at = static_cast<PoolOffset>(b - pool_base);
+  if (at % es != 0) return std::nullopt;
+  return at;
+}
+
+void Call::SeeOwnStores(const void* p, size_t len) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  if (len == 0 || b < pool_base || b >= pool_base + pool_size ||
+      len > static_cast<uint64_t>(pool_base + pool_size - b)) {
+    return;
+  }
+  coherence.Flush(static_cast<PoolOffset>(b - pool_base), len);
+}
+
+size_t Call::ahead() const { return std::min<size_t>(2, t.depth() - 1); }
+
+size_t ChunkBytes(const Call& c, CollKind kind, size_t bytes, int pieces) {
+  (void)kind;  // one table serves every collective so far (docs/collectives.md)
+  // docs/collectives.md, "Chunk sizes": up to 512 KiB one chunk (a post
+  // costs flags and waits, and a small message has nothing to overlap);
+  // then 512 KiB chunks, so a chunk's copy in, the peers' reads of the one
+  // before and the next one's copy overlap; past 8 MiB, where every copy
+  // runs from memory, 256 KiB chunks.
+  size_t chunk = c.chunk_override;
+  if (chunk == 0) {
+    chunk = bytes <= (512u << 10) ? bytes : bytes <= (8u << 20) ? (512u << 10) : (256u << 10);
+  }
+  const size_t fit = c.t.slot_bytes() / std::max(1, pieces);
+  chunk = std::min(chunk, fit) / c.es * c.es;
+  return std::max(chunk, c.es);
+}
+
+absl::Status PostPieces(Call& c, uint64_t s, const uint8_t* src, size_t piece_len,
+                        size_t src_stride, int pieces, int skip,
+                        std::optional<PoolOffset> in_place) {
+  if (in_place) {
+    return c.t.Publish(s, {*in_place, piece_len, src_stride, pieces}, /*in_place=*/true);
+  }
+  const size_t total = piece_len * pieces;
+  if (total <= kInlineBytes) {
+    uint8_t bytes[kInlineBytes];
+    for (int j = 0; j < pieces; ++j) {
+      if (piece_len) std::memcpy(bytes + j * piece_len, src + j * src_stride, piece_len);
+    }
+    return c.t.PublishInline(s, bytes, total, piece_len);
+  }
+  if (total > c.t.slot_bytes()) {
+    return c.t.Fail(absl::InternalError(
+        absl::StrCat("a post of ", total, " bytes > the slot of ", c.t.slot_bytes())));
+  }
+  const PoolOffset slot = c.t.SlotOf(s);
+  std::vector<CopyEngine::Ticket> after;
+  for (int j = 0; j < pieces; ++j) {
+    if (j == skip) continue;
+    if (CopyEngine::Ticket k = c.e.ToPool(slot + j * piece_len, src + j * src_stride, piece_len)) {
+      after.push_back(k);
+    }
+  }
+  return c.t.Publish(s, {slot, piece_len, piece_len, pieces}, /*in_place=*/false, std::move(after));
+}
+
+absl::Status PostEmpty(Call& c, uint64_t s) { return c.t.PublishInline(s, nullptr, 0); }
+
+absl::Status WaitAll(Call& c, std::vector<CopyEngine::Ticket>& tickets) {
+  for (CopyEngine::Ticket k : tickets) {
+    if (k == 0) continue;
+    if (absl::Status s = c.e.Wait(k, c.t.deadline()); !s.ok()) {
+      return c.t.Fail(absl::Status(
+          s.code(), absl::StrCat("rank ", c.rank(), " in ", c.t.Describe(c.t.desc()), ": the ",
+                                 c.e.name(), " copy engine: ", s.message())));
+    }
+  }
+  tickets.clear();
+  return absl::OkStatus();
+}
+
+absl::Status Barrier(Call& c) {
+  CXLRT_ASSIGN_OR_RETURN(uint64_t s, c.t.Stage());
+  CXLRT_RETURN_IF_ERROR(PostEmpty(c, s));
+  CXLRT_RETURN_IF_ERROR(c.t.WaitPosted(s));
+  c.t.Done(s);
+  return c.t.EndCall(false);
+}
+
+}  // namespace cxlrt::collectives::algorithms

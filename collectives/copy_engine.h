@@ -1,0 +1,67 @@
+// Copy engines: the one way bytes of a collective move. An algorithm asks
+// an engine to copy into the pool, out of it, between its caller's buffers,
+// or to reduce several sources into one; each request returns a ticket and
+// completes later (a CPU engine may finish it before returning; a GPU copy
+// engine finishes when its DMA does). The transport publishes a post only
+// after every ticket behind its bytes has completed, and an algorithm
+// marks a post read only after the tickets that read it have completed.
+//
+// Contract of every engine:
+// - Tickets complete in any order. An operation that consumes another's
+//   output (a copy of a reduced shard) is submitted after Wait on it.
+// - ToPool complete: the bytes are in the pool for every host (the
+//   coherence domain's publish, non-temporal stores or write-back done).
+// - FromPool and Reduce read pool bytes through the address the transport
+//   returned for them (already invalidated); they read until they complete,
+//   so the caller keeps the post unread-marked until then.
+// - Caller buffers may be the engine's kind of memory (host memory for the
+//   CPU engine; host or device memory for the CUDA engine of
+//   collectives/cuda/).
+//
+// Thread-safety: an engine belongs to one communicator, used by one thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "collectives/types.h"
+#include "runtime/coherence.h"
+
+namespace cxlrt::collectives {
+
+class CopyEngine {
+ public:
+  // 0 is the ticket of an operation that had nothing to do (complete).
+  using Ticket = uint64_t;
+
+  virtual ~CopyEngine() = default;
+  virtual const char* name() const = 0;
+
+  // Copies [src, src+n) into the pool at `dst`.
+  virtual Ticket ToPool(runtime::PoolOffset dst, const void* src, size_t n) = 0;
+  // Copies n published pool bytes at `pool_src` (from Transport::PeerBytes)
+  // to `dst`.
+  virtual Ticket FromPool(void* dst, const void* pool_src, size_t n) = 0;
+  // Copies between caller buffers. REQUIRES: no overlap.
+  virtual Ticket Copy(void* dst, const void* src, size_t n) = 0;
+  // out = srcs[0] op ... op srcs[n-1] (collectives::Reduce's contract);
+  // sources may be pool addresses from PeerBytes or caller buffers.
+  virtual Ticket Reduce(DataType t, RedOp op, void* out, const void* const* srcs, int n,
+                        size_t count, int avg_divisor) = 0;
+
+  // True once `t` has completed.
+  virtual bool Poll(Ticket t) = 0;
+  // Waits until `t` has completed: OK, or kDeadlineExceeded (the engine is
+  // then unusable and the communicator fails).
+  virtual absl::Status Wait(Ticket t, absl::Time deadline) = 0;
+};
+
+// The CPU engine: vector copies (runtime::CopyBytes), non-temporal stores
+// into the pool (the domain's CopyToPool), the vectorised reduction
+// kernels. Every operation completes before it returns.
+std::unique_ptr<CopyEngine> MakeCpuEngine(runtime::Coherence& c);
+
+}  // namespace cxlrt::collectives

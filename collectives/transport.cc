@@ -1,0 +1,263 @@
+#include "collectives/transport.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/fault.h"
+
+namespace cxlrt::collectives {
+namespace {
+
+// Data-path waits yield (rather than sleep) this long: a peer is normally
+// microseconds away, and a sleep overshoots by tens of them.
+constexpr absl::Duration kYieldFor = absl::Milliseconds(20);
+
+}  // namespace
+
+Transport::Transport(Setup setup)
+    : c_(*setup.coherence),
+      pool_size_(setup.pool_size),
+      name_(std::move(setup.name)),
+      nranks_(setup.nranks),
+      rank_(setup.rank),
+      block_(setup.block),
+      instance_(setup.instance),
+      slot_bytes_(setup.slot_bytes),
+      depth_(setup.depth),
+      rings_(std::move(setup.rings)),
+      watch_(setup.watch),
+      spins_(setup.spins),
+      posts_(size_t(setup.nranks) * setup.depth) {}
+
+void Transport::BeginCall(const CallDesc& desc, absl::Time deadline, CopyEngine* engine) {
+  desc_ = desc;
+  deadline_ = deadline;
+  engine_ = engine;
+  call_first_ = staged_ + 1;
+}
+
+absl::Status Transport::EndCall(bool in_place) {
+  CXLRT_RETURN_IF_ERROR(Progress(staged_));
+  if (in_place && staged_ >= call_first_) return AwaitPeersDone(staged_);
+  return absl::OkStatus();
+}
+
+std::string Transport::Describe(const CallDesc& d) const {
+  const auto kind = static_cast<CollKind>(d.kind);
+  std::string s = absl::StrCat(CollKindName(kind), "(count=", d.count);
+  if (kind != CollKind::kBarrier) {
+    absl::StrAppend(&s, ", ", DataTypeName(static_cast<DataType>(d.type)));
+  }
+  if (kind == CollKind::kAllReduce || kind == CollKind::kReduce ||
+      kind == CollKind::kReduceScatter) {
+    absl::StrAppend(&s, ", ", RedOpName(static_cast<RedOp>(d.op)));
+  }
+  if (d.root >= 0) absl::StrAppend(&s, ", root=", d.root);
+  absl::StrAppend(&s, ") [call ", d.call, "]");
+  return s;
+}
+
+absl::Status Transport::Fail(absl::Status s) {
+  if (failed_.ok()) {
+    failed_ = s;
+    c_.StoreFlag(RankAt(rank_), static_cast<uint64_t>(JoinState::kAborted));
+  }
+  return s;
+}
+
+template <typename Ready>
+absl::Status Transport::Await(Ready&& ready, const char* what) {
+  absl::Status progress;
+  auto step = [&] {
+    // Our own pending posts may be what the peers wait for.
+    if (!pending_.empty()) {
+      progress = Progress(0);
+      if (!progress.ok()) return true;
+    }
+    return ready();
+  };
+  absl::Status s = runtime::WaitUntil(step, deadline_, what, watch_, kYieldFor, spins_);
+  return progress.ok() ? s : progress;
+}
+
+absl::Status Transport::WaitFailed(absl::Status s, int j, const char* what) {
+  return Fail(absl::Status(
+      s.code(), absl::StrCat(name_, " rank ", rank_, " in ", Describe(desc_), ": waiting for rank ",
+                             j, " (", what, "): ", s.message())));
+}
+
+absl::StatusOr<uint64_t> Transport::Stage() {
+  const uint64_t s = staged_ + 1;
+  // Post s reuses the slot and post line of post s - depth: every peer must
+  // have read it.
+  if (s > depth_) CXLRT_RETURN_IF_ERROR(AwaitPeersDone(s - depth_));
+  staged_ = s;
+  return s;
+}
+
+absl::Status Transport::Publish(uint64_t s, const Bytes& bytes, bool in_place,
+                                std::vector<CopyEngine::Ticket> after) {
+  Pending p;
+  p.s = s;
+  p.post = {};
+  p.post.instance = instance_;
+  p.post.desc = desc_;
+  p.post.data = bytes.data;
+  p.post.len = bytes.extent();
+  p.post.stride = bytes.stride;
+  p.in_place = in_place;
+  p.bytes = bytes;
+  p.after = std::move(after);
+  pending_.push_back(std::move(p));
+  return Progress(0);
+}
+
+absl::Status Transport::PublishInline(uint64_t s, const void* bytes, size_t len, size_t stride) {
+  Pending p;
+  p.s = s;
+  p.post = {};
+  p.post.instance = instance_;
+  p.post.desc = desc_;
+  p.post.len = len;
+  p.post.stride = stride;
+  if (len) std::memcpy(p.post.inline_bytes, bytes, len);
+  p.in_place = false;
+  pending_.push_back(std::move(p));
+  return Progress(0);
+}
+
+absl::Status Transport::Progress(uint64_t through) {
+  while (!pending_.empty()) {
+    Pending& p = pending_.front();
+    const bool wait = p.s <= through;
+    while (!p.after.empty()) {
+      const CopyEngine::Ticket t = p.after.back();
+      if (t != 0 && !engine_->Poll(t)) {
+        if (!wait) return absl::OkStatus();
+        if (absl::Status s = engine_->Wait(t, deadline_); !s.ok()) {
+          return Fail(absl::Status(
+              s.code(), absl::StrCat(name_, " rank ", rank_, " in ", Describe(desc_), ": the ",
+                                     engine_->name(), " copy engine: ", s.message())));
+        }
+      }
+      p.after.pop_back();
+    }
+    PublishPost(p);
+    pending_.pop_front();
+  }
+  return absl::OkStatus();
+}
+
+void Transport::PublishPost(const Pending& p) {
+  if (p.in_place) {
+    // The caller wrote its buffer with plain stores: write back the pieces
+    // before the post makes them visible (a fence in the hardware domain).
+    for (int j = 0; j < p.bytes.pieces; ++j) {
+      c_.Flush(p.bytes.data + j * p.bytes.stride, p.bytes.piece_len);
+    }
+  }
+  const PoolOffset line = PostAt(rank_, p.s);
+  // Bytes after the flag word; Publish drops a stale copy of the flag line
+  // first (the block may be a reused one), so the whole-line write-back
+  // carries the pool's flag, not one of a previous instance.
+  c_.Publish(line + sizeof(uint64_t), reinterpret_cast<const uint8_t*>(&p.post) + sizeof(uint64_t),
+             sizeof(PostLayout) - sizeof(uint64_t));
+  CXLRT_FAULT_POINT("coll.round.posted");
+  c_.StoreFlag(line, p.s);
+  published_ = p.s;
+}
+
+absl::Status Transport::CheckPost(int j, uint64_t s) {
+  PostLayout& p = posts_[size_t(j) * depth_ + s % depth_];
+  p = c_.FetchObject<PostLayout>(PostAt(j, s));
+  if (p.instance != instance_) {
+    return absl::DataLossError(absl::StrCat("rank ", j, " of ", name_, " posted ", p.seq,
+                                            " for communicator instance ", absl::Hex(p.instance),
+                                            ", not this one (", absl::Hex(instance_), ")"));
+  }
+  if (p.seq == s && p.desc == desc_) {
+    // Its bytes lie in the pool (or inline), aligned to the call's elements.
+    const size_t es = SizeOf(static_cast<DataType>(desc_.type));
+    const bool bad = p.data == 0 ? p.len > kInlineBytes
+                                 : (p.data > pool_size_ || p.len > pool_size_ - p.data ||
+                                    p.data % es != 0 || p.stride % es != 0);
+    if (bad) {
+      return absl::DataLossError(absl::StrCat(
+          "rank ", j, " of ", name_, " posted ", p.len, " bytes at 0x", absl::Hex(p.data),
+          " (stride ", p.stride, "): outside the pool or not aligned to its elements"));
+    }
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      p.seq != s
+          ? absl::StrCat("rank ", rank_, " of ", name_, " is at post ", s, " of ", Describe(desc_),
+                         " but rank ", j, " is at post ", p.seq, " (", Describe(p.desc), ")")
+          : absl::StrCat("rank ", rank_, " called ", Describe(desc_), " but rank ", j, " called ",
+                         Describe(p.desc), " on ", name_));
+}
+
+absl::Status Transport::WaitPosted(uint64_t s) {
+  CXLRT_RETURN_IF_ERROR(Progress(s));
+  for (int j = 0; j < nranks_; ++j) {
+    if (j == rank_) continue;
+    const PoolOffset at = PostAt(j, s);
+    if (c_.LoadFlag(at) < s) {
+      absl::Status w = Await([&] { return c_.LoadFlag(at) >= s; }, "its post");
+      if (!w.ok()) {
+        if (!failed_.ok()) return failed_;
+        // A peer that saw a mismatched call aborts; a rank waiting on another
+        // peer meanwhile reports the mismatch too when the posts show it.
+        for (int k = 0; k < nranks_; ++k) {
+          if (k == rank_ || c_.LoadFlag(PostAt(k, s)) != s) continue;
+          if (absl::Status m = CheckPost(k, s); !m.ok()) return Fail(m);
+        }
+        return WaitFailed(w, j, "its post");
+      }
+    }
+    if (absl::Status m = CheckPost(j, s); !m.ok()) return Fail(m);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const uint8_t*> Transport::PeerBytes(int j, uint64_t s, size_t offset, size_t n) {
+  const PostLayout& p = posts_[size_t(j) * depth_ + s % depth_];
+  if (offset > p.len || n > p.len - offset) {
+    // Every rank runs the same call (CheckPost compared them), so a peer
+    // that posted fewer bytes than the call implies wrote a corrupt post:
+    // reading on would read past its data (issue 13, defect 7).
+    return Fail(absl::DataLossError(absl::StrCat(
+        "rank ", j, " of ", name_, " posted ", p.len, " bytes in ", Describe(desc_), " but rank ",
+        rank_, " needs bytes [", offset, ", ", offset + n, ") of them")));
+  }
+  if (p.data == 0) return p.inline_bytes + offset;
+  return c_.BeginRead(p.data + offset, n);
+}
+
+absl::StatusOr<const uint8_t*> Transport::PeerPiece(int j, uint64_t s, int piece, size_t n) {
+  const PostLayout& p = posts_[size_t(j) * depth_ + s % depth_];
+  // stride <= len (CheckPost bounds len by the pool), so this cannot wrap.
+  if (piece > 0 && p.stride > p.len / static_cast<uint64_t>(piece)) {
+    return Fail(absl::DataLossError(absl::StrCat("rank ", j, " of ", name_, " posted ", p.len,
+                                                 " bytes with stride ", p.stride, " in ",
+                                                 Describe(desc_), ": no piece ", piece)));
+  }
+  return PeerBytes(j, s, piece * p.stride, n);
+}
+
+void Transport::Done(uint64_t s) {
+  done_ = s;
+  c_.StoreFlag(DoneAt(rank_), s);
+}
+
+absl::Status Transport::AwaitPeersDone(uint64_t s) {
+  for (int j = 0; j < nranks_; ++j) {
+    if (j == rank_) continue;
+    const PoolOffset done = DoneAt(j);
+    if (c_.LoadFlag(done) >= s) continue;
+    absl::Status w = Await([&] { return c_.LoadFlag(done) >= s; }, "to read this rank's posts");
+    if (!w.ok()) return failed_.ok() ? WaitFailed(w, j, "to read this rank's posts") : failed_;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace cxlrt::collectives

@@ -1,0 +1,84 @@
+// A copy engine for tests that completes every operation late and out of
+// order: nothing runs when it is submitted; each Poll runs one pending
+// operation chosen at random (of any ticket, or none), and Wait(t) runs
+// random pending operations until t has run. An algorithm that publishes
+// a post before its copies completed, reads a reduced shard before the
+// reduction ran, or marks a post read while a copy still reads it, then
+// hands its peers (or itself) wrong bytes, and the exactness checks fail.
+// Thread-safety: one thread, like every engine.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "collectives/copy_engine.h"
+
+namespace cxlrt::collectives {
+
+class LateEngine final : public CopyEngine {
+ public:
+  LateEngine(runtime::Coherence& c, uint32_t seed) : c_(c), rng_(seed) {}
+  const char* name() const override { return "late (test)"; }
+
+  Ticket ToPool(runtime::PoolOffset dst, const void* src, size_t n) override {
+    return Add([this, dst, src, n] {
+      if (n) c_.CopyToPool(dst, src, n);
+    });
+  }
+  Ticket FromPool(void* dst, const void* pool_src, size_t n) override {
+    return Add([dst, pool_src, n] {
+      if (n) runtime::CopyBytes(dst, pool_src, n);
+    });
+  }
+  Ticket Copy(void* dst, const void* src, size_t n) override {
+    return Add([dst, src, n] {
+      if (n) runtime::CopyBytes(dst, src, n);
+    });
+  }
+  Ticket Reduce(DataType t, RedOp op, void* out, const void* const* srcs, int n, size_t count,
+                int avg_divisor) override {
+    std::vector<const void*> s(srcs, srcs + n);  // the caller reuses its array
+    return Add([=] {
+      if (count) collectives::Reduce(t, op, out, s.data(), n, count, avg_divisor);
+    });
+  }
+  bool Poll(Ticket t) override {
+    if (!pending_.empty() && rng_() % 3 == 0) RunOne();
+    return !pending_.count(t);
+  }
+  absl::Status Wait(Ticket t, absl::Time) override {
+    while (pending_.count(t)) RunOne();
+    return absl::OkStatus();
+  }
+
+  // Operations run so far, and the most that were pending at once.
+  uint64_t ran() const { return ran_; }
+  size_t most_pending() const { return most_pending_; }
+
+ private:
+  Ticket Add(std::function<void()> op) {
+    const Ticket t = ++next_;
+    pending_.emplace(t, std::move(op));
+    most_pending_ = std::max(most_pending_, pending_.size());
+    return t;
+  }
+  void RunOne() {
+    auto it = pending_.begin();
+    std::advance(it, rng_() % pending_.size());
+    std::function<void()> op = std::move(it->second);
+    pending_.erase(it);
+    op();
+    ++ran_;
+  }
+
+  runtime::Coherence& c_;
+  std::mt19937 rng_;
+  Ticket next_ = 0;
+  std::map<Ticket, std::function<void()>> pending_;
+  uint64_t ran_ = 0;
+  size_t most_pending_ = 0;
+};
+
+}  // namespace cxlrt::collectives
