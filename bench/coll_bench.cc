@@ -17,6 +17,7 @@
 #include "nlohmann/json.hpp"
 #include "runtime/config.h"
 #include "runtime/membership.h"
+#include "runtime/pinning.h"
 #include "runtime/pool.h"
 
 namespace cxlrt::bench {
@@ -63,6 +64,64 @@ double BusFactor(const Kind& k, int n) {
       return static_cast<double>(n - 1) / n;
   }
 }
+
+// The fewest seconds an op of `bytes` (nccl-tests' size) can take on the
+// slowest rank when every byte a rank reads from its peers, or writes into
+// the pool for them, is one copy at `copy_gbps` (the best single-thread
+// copy at that size, measured in cache when it fits: a peer's bytes come
+// from another core or from memory, which is no faster). Reductions count
+// only their peers' bytes, as one copy each; private buffers add the copy
+// into the pool that a CXL host needs before a peer can read its bytes
+// (pool-resident ones are posted in place). The algorithms' own extra
+// traffic is not counted, so busbw above the bound would mean the bound
+// is wrong.
+double BoundSeconds(const Kind& k, int n, double bytes, bool in_pool, double copy_gbps) {
+  const double peers = static_cast<double>(n - 1) / n, S = bytes;
+  const double priv = in_pool ? 0 : 1;
+  double t = 0;  // bytes moved by the busiest rank
+  if (k.sendrecv) {
+    t = S + priv * S;
+  } else {
+    switch (k.kind) {
+      case CollKind::kAllReduce:  // two-shot: read (n-1)/n S twice; post what peers need
+        t = S <= (64 << 10) ? (n - 1) * S + priv * S : 2 * peers * S + priv * peers * S + S / n;
+        break;
+      case CollKind::kReduceScatter:
+      case CollKind::kAllToAll:
+        t = peers * S + priv * peers * S;
+        break;
+      case CollKind::kAllGather:
+        t = peers * S + priv * S / n;
+        break;
+      case CollKind::kBroadcast:
+        t = S;
+        break;
+      case CollKind::kReduce:
+        t = std::max((n - 1) * S, priv * S);
+        break;
+      case CollKind::kGather:
+      case CollKind::kScatter:
+        t = std::max(peers * S, priv * S / n);
+        break;
+      default:
+        t = 0;
+    }
+  }
+  return n == 1 || copy_gbps <= 0 ? 0 : t / (copy_gbps * 1e9);
+}
+
+// What a run is held against, measured before the ranks start.
+struct Limits {
+  CopyLimits copy;                                   // at 64 MiB
+  std::vector<std::pair<uint64_t, double>> at_size;  // best single-thread copy per size
+  std::string pinning;
+  double CopyAt(uint64_t bytes) const {
+    for (const auto& [b, g] : at_size) {
+      if (b == bytes) return g;
+    }
+    return copy.best_single;
+  }
+};
 
 // Element counts of one call at `bytes` (nccl-tests' sizes: the larger
 // buffer): the call's count argument, send and receive elements.
@@ -256,11 +315,13 @@ struct Row {
   double time_us[2];
   double algbw[2], busbw[2];
   uint64_t wrong[2];
+  double bound_busbw;  // busbw at the traffic bound (BoundSeconds)
 };
 
 // One rank's whole run. Rank 0 prints. Returns 0 on success.
 int RunRank(const CollBenchOptions& o, const Kind& k, DataType t, RedOp op, const std::string& uri,
-            int nranks, int rank, double memcpy_gbps) {
+            int nranks, int rank, const Limits& limits) {
+  const double memcpy_gbps = limits.copy.memcpy;
   auto fail = [&](const std::string& what) {
     std::fprintf(stderr, "cxlrt bench %s: rank %d: %s\n", o.collective.c_str(), rank, what.c_str());
     return 1;
@@ -344,6 +405,10 @@ int RunRank(const CollBenchOptions& o, const Kind& k, DataType t, RedOp op, cons
       row.busbw[in_place] = row.algbw[in_place] * BusFactor(k, nranks);
       row.wrong[in_place] = wrong_sum;
     }
+    const double bound_s =
+        BoundSeconds(k, nranks, static_cast<double>(row.bytes), o.in_pool, limits.CopyAt(bytes));
+    row.bound_busbw =
+        bound_s > 0 ? static_cast<double>(row.bytes) / bound_s / 1e9 * BusFactor(k, nranks) : 0;
     rows.push_back(row);
     if (bytes == o.max_bytes) break;
   }
@@ -370,6 +435,12 @@ int RunRank(const CollBenchOptions& o, const Kind& k, DataType t, RedOp op, cons
                           {"inplace_busbw_gbps", r.busbw[1]},
                           {"inplace_wrong", r.wrong[1]},
                           {"memcpy_gbps", memcpy_gbps},
+                          {"best_copy_gbps", limits.copy.best_single},
+                          {"nt_copy_gbps", limits.copy.nontemporal},
+                          {"two_thread_copy_gbps", limits.copy.two_threads},
+                          {"bound_busbw_gbps", r.bound_busbw},
+                          {"busbw_vs_bound", r.bound_busbw > 0 ? r.busbw[0] / r.bound_busbw : 0},
+                          {"pinning", limits.pinning},
                           {"busbw_vs_memcpy", memcpy_gbps > 0 ? r.busbw[0] / memcpy_gbps : 0}};
       std::printf("%s\n", j.dump().c_str());
     }
@@ -378,21 +449,30 @@ int RunRank(const CollBenchOptions& o, const Kind& k, DataType t, RedOp op, cons
   std::printf("# cxlrt bench %s: %d ranks, %s, %s buffers, %d warm-up + %d timed iterations\n",
               o.collective.c_str(), nranks, uri.c_str(), o.in_pool ? "pool-resident" : "private",
               o.warmup, o.iters);
-  std::printf("# this machine's memcpy: %.2f GB/s (one thread, 64 MiB)\n", memcpy_gbps);
+  std::printf(
+      "# copy limits (one thread, 64 MiB): memcpy %.2f, vector %.2f, non-temporal %.2f GB/s; "
+      "two threads %.2f GB/s\n",
+      limits.copy.memcpy, limits.copy.vector, limits.copy.nontemporal, limits.copy.two_threads);
+  std::printf("# pinning: %s\n", limits.pinning.c_str());
+  std::printf(
+      "# bound: busbw if every byte a rank must read from peers or post for them were "
+      "one copy at the best single-thread rate at that size\n");
   std::printf("#%79s%37s\n", "out-of-place", "in-place");
-  std::printf("#%11s %12s %8s %6s %5s %9s %7s %7s %6s %9s %7s %7s %6s %9s\n", "size", "count",
-              "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw",
-              "#wrong", "bus/memcpy");
-  std::printf("#%11s %12s %8s %6s %5s %9s %7s %7s %6s %9s %7s %7s %6s %9s\n", "(B)", "(elements)",
-              "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "", "");
+  std::printf("#%11s %12s %8s %6s %5s %9s %7s %7s %6s %9s %7s %7s %6s %9s %7s %9s\n", "size",
+              "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw",
+              "busbw", "#wrong", "bus/memcpy", "bound", "bus/bound");
+  std::printf("#%11s %12s %8s %6s %5s %9s %7s %7s %6s %9s %7s %7s %6s %9s %7s %9s\n", "(B)",
+              "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)",
+              "", "", "(GB/s)", "");
   for (const Row& r : rows) {
-    std::printf("%12lu %12lu %8s %6s %5s %9.2f %7.2f %7.2f %6lu %9.2f %7.2f %7.2f %6lu %9.2f\n",
-                static_cast<unsigned long>(r.bytes), static_cast<unsigned long>(r.count),
-                collectives::DataTypeName(t), Reduces(k.kind) ? collectives::RedOpName(op) : "none",
-                Rooted(k.kind) ? absl::StrCat(o.root).c_str() : root_text, r.time_us[0], r.algbw[0],
-                r.busbw[0], static_cast<unsigned long>(r.wrong[0]), r.time_us[1], r.algbw[1],
-                r.busbw[1], static_cast<unsigned long>(r.wrong[1]),
-                memcpy_gbps > 0 ? r.busbw[0] / memcpy_gbps : 0.0);
+    std::printf(
+        "%12lu %12lu %8s %6s %5s %9.2f %7.2f %7.2f %6lu %9.2f %7.2f %7.2f %6lu %9.2f %7.2f %9.2f\n",
+        static_cast<unsigned long>(r.bytes), static_cast<unsigned long>(r.count),
+        collectives::DataTypeName(t), Reduces(k.kind) ? collectives::RedOpName(op) : "none",
+        Rooted(k.kind) ? absl::StrCat(o.root).c_str() : root_text, r.time_us[0], r.algbw[0],
+        r.busbw[0], static_cast<unsigned long>(r.wrong[0]), r.time_us[1], r.algbw[1], r.busbw[1],
+        static_cast<unsigned long>(r.wrong[1]), memcpy_gbps > 0 ? r.busbw[0] / memcpy_gbps : 0.0,
+        r.bound_busbw, r.bound_busbw > 0 ? r.busbw[0] / r.bound_busbw : 0.0);
   }
   uint64_t wrong = 0;
   for (const Row& r : rows) wrong += r.wrong[0] + r.wrong[1];
@@ -419,16 +499,26 @@ int RunCollBench(const CollBenchOptions& o) {
     std::fprintf(stderr, "cxlrt bench: need -b <= -e, -f >= 2, -n >= 1, -w >= 0\n");
     return 1;
   }
-  const double memcpy_gbps = MeasureMemcpy(64 << 20, 5).median;
+  // The limits, measured before any rank runs (a quiet machine).
+  Limits limits;
+  limits.copy = MeasureCopyLimits(64 << 20, 5);
+  for (uint64_t bytes = o.min_bytes; bytes <= o.max_bytes;
+       bytes = std::max<uint64_t>(bytes + 1, bytes * o.factor)) {
+    limits.at_size.emplace_back(bytes, BestCopyGbps(bytes));
+    if (bytes == o.max_bytes) break;
+  }
 
   // Under a launcher: this process is one rank; the pool is shared.
   auto env = collectives::RankFromEnvironment();
   if (env.ok()) {
+    const char* core = std::getenv("CXLRT_PINNED_CORE");
+    limits.pinning = core ? absl::StrCat("by the launcher: rank ", env->rank, " on core ", core)
+                          : "by the launcher, or none";
     std::string uri = o.pool.empty() ? runtime::GetConfig().pool : o.pool;
     if (env->rank == 0) {
       (void)runtime::Pool::Create(uri);  // kAlreadyExists is fine: a launcher made it
     }
-    return RunRank(o, *kind, *type, *op, uri, env->nranks, env->rank, memcpy_gbps);
+    return RunRank(o, *kind, *type, *op, uri, env->nranks, env->rank, limits);
   }
   if (o.ranks < 1 || o.ranks > 64 || o.root < 0 || o.root >= o.ranks) {
     std::fprintf(stderr, "cxlrt bench: --ranks must be 1..64 and --root below it\n");
@@ -442,12 +532,19 @@ int RunCollBench(const CollBenchOptions& o) {
     std::fprintf(stderr, "cxlrt bench: %s\n", scratch.status().ToString().c_str());
     return 1;
   }
+  auto pins = runtime::PlanPinning(o.ranks, runtime::GetConfig().pin);
+  if (!pins.ok()) {
+    std::fprintf(stderr, "cxlrt bench: %s\n", pins.status().ToString().c_str());
+    return 1;
+  }
+  limits.pinning = pins->why;
   std::fflush(nullptr);
   std::vector<pid_t> pids;
   for (int r = 0; r < o.ranks; ++r) {
     const pid_t pid = fork();
     if (pid == 0) {
-      const int rc = RunRank(o, *kind, *type, *op, (*scratch)->open_uri(), o.ranks, r, memcpy_gbps);
+      if (!pins->cores.empty()) (void)runtime::PinToCore(pins->cores[r]);
+      const int rc = RunRank(o, *kind, *type, *op, (*scratch)->open_uri(), o.ranks, r, limits);
       std::fflush(nullptr);
       _exit(rc);
     }

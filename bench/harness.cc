@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -42,6 +43,57 @@ Summary MeasureMemcpy(size_t bytes, int reps) {
     asm volatile("" : : "r"(b.get()) : "memory");
     return static_cast<double>(bytes) / static_cast<double>(t1 - t0);
   }));
+}
+
+namespace {
+
+// GB/s of `copy` over buffers of `bytes`, repeated to fill a millisecond.
+template <typename Copy>
+double CopyRate(size_t bytes, int reps, Copy&& copy) {
+  std::unique_ptr<char[]> a(new char[bytes]), b(new char[bytes]);
+  Prefault(a.get(), bytes);
+  Prefault(b.get(), bytes);
+  copy(b.get(), a.get(), bytes);  // warm
+  const int inner = static_cast<int>(std::max<size_t>(1, (4u << 20) / std::max<size_t>(bytes, 1)));
+  return Summarize(Repeat(reps,
+                          [&] {
+                            const int64_t t0 = runtime::NowNs();
+                            for (int i = 0; i < inner; ++i) {
+                              copy(b.get(), a.get(), bytes);
+                              asm volatile("" : : "r"(b.get()) : "memory");
+                            }
+                            const int64_t t1 = runtime::NowNs();
+                            return static_cast<double>(bytes) * inner /
+                                   static_cast<double>(t1 - t0);
+                          }))
+      .median;
+}
+
+void Memcpy(void* d, const void* s, size_t n) { std::memcpy(d, s, n); }
+
+}  // namespace
+
+CopyLimits MeasureCopyLimits(size_t bytes, int reps) {
+  CopyLimits l;
+  l.memcpy = CopyRate(bytes, reps, Memcpy);
+  l.vector = CopyRate(bytes, reps, runtime::CopyBytes);
+  l.nontemporal = CopyRate(bytes, reps, runtime::NonTemporalCopy);
+  l.best_single = std::max({l.memcpy, l.vector, l.nontemporal});
+  // Two threads at once, each with its own buffers, each with its best copy.
+  auto(*best)(void*, const void*, size_t) =
+      l.nontemporal >= l.vector ? runtime::NonTemporalCopy : runtime::CopyBytes;
+  double rate[2] = {0, 0};
+  std::thread other([&] { rate[1] = CopyRate(bytes, reps, best); });
+  rate[0] = CopyRate(bytes, reps, best);
+  other.join();
+  l.two_threads = rate[0] + rate[1];
+  return l;
+}
+
+double BestCopyGbps(size_t bytes) {
+  bytes = std::max<size_t>(bytes, 64);
+  return std::max(CopyRate(bytes, 3, runtime::CopyBytes),
+                  CopyRate(bytes, 3, runtime::NonTemporalCopy));
 }
 
 std::string FormatGbps(double gbps) { return absl::StrFormat("%.2f GB/s", gbps); }

@@ -34,6 +34,21 @@ std::vector<double> Repeat(int reps, const std::function<double()>& fn);
 // repetitions.
 Summary MeasureMemcpy(size_t bytes = 64 << 20, int reps = 7);
 
+// The copy rates a data path on this machine is held against, in GB/s
+// (bytes copied per second), between pre-faulted buffers of `bytes`:
+// glibc's memcpy, the vector copy of the data paths (runtime::CopyBytes),
+// the non-temporal copy (runtime::NonTemporalCopy), the best of these on
+// one thread, and two threads copying at once (their sum).
+struct CopyLimits {
+  double memcpy = 0, vector = 0, nontemporal = 0, best_single = 0, two_threads = 0;
+};
+CopyLimits MeasureCopyLimits(size_t bytes = 64 << 20, int reps = 5);
+
+// The best single-thread copy rate at `bytes` (in cache when it fits):
+// the better of the vector and the non-temporal copy, median of a few runs
+// of at least a millisecond each.
+double BestCopyGbps(size_t bytes);
+
 // "14.2 GB/s", "712 ns", "1.41 us".
 std::string FormatGbps(double gbps);
 std::string FormatNs(double ns);

@@ -12,6 +12,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "runtime/config.h"
+#include "runtime/log.h"
+#include "runtime/pinning.h"
 #include "runtime/pool.h"
 #include "runtime/status_macros.h"
 
@@ -164,6 +167,9 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& o) {
   for (const std::string& a : o.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
 
+  CXLRT_ASSIGN_OR_RETURN(runtime::PinPlan pins,
+                         runtime::PlanPinning(o.ranks, runtime::GetConfig().pin));
+  CXLRT_LOG(kInfo) << "cxlrt run: pinning " << pins.why;
   SignalScope signals;
   std::vector<Rank> ranks(o.ranks);
   std::vector<Stream> streams;
@@ -194,6 +200,12 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& o) {
       for (const auto& [k, v] : env) setenv(k, v.c_str(), 1);
       signal(SIGINT, SIG_DFL);
       signal(SIGTERM, SIG_DFL);
+      if (!pins.cores.empty()) {
+        if (absl::Status s = runtime::PinToCore(pins.cores[r]); !s.ok()) {
+          WriteAll(2, absl::StrCat("cxlrt run: rank ", r, ": ", s.message(), "\n"));
+        }
+        setenv("CXLRT_PINNED_CORE", absl::StrCat(pins.cores[r]).c_str(), 1);
+      }
       execvp(argv[0], argv.data());
       std::string msg =
           absl::StrCat("cxlrt run: cannot run '", o.argv[0], "': ", strerror(errno), "\n");

@@ -7,6 +7,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "bench/alloc_bench.h"
+#include "bench/ceiling_probe.h"
 #include "bench/coll_bench.h"
 #include "bench/kv_bench.h"
 #include "bench/pool_bench.h"
@@ -207,6 +208,23 @@ int main(int argc, char** argv) {
     coll_apps.emplace_back(c, name);
   }
 
+  bench::CeilingOptions ceiling;
+  std::string ceiling_min = "64K", ceiling_max = "64M", ceiling_chunk = "1M";
+  CLI::App* bench_ceiling = bench->add_subcommand(
+      "ceiling",
+      "The limit of a 2-rank all-reduce on this machine: two processes over a memfd, cxlrt's "
+      "kernels, the least protocol that works (busbw per size)");
+  bench_ceiling->add_option("-b,--minbytes", ceiling_min, "Smallest size (B, K, M, G)");
+  bench_ceiling->add_option("-e,--maxbytes", ceiling_max, "Largest size");
+  bench_ceiling->add_option("-f,--stepfactor", ceiling.factor, "Size multiplier per step")
+      ->check(CLI::Range(2, 1024));
+  bench_ceiling->add_option("--chunk", ceiling_chunk, "Chunk of the pipeline");
+  bench_ceiling->add_option("-n,--iters", ceiling.iters, "Timed iterations")
+      ->check(CLI::Range(1, 1000000));
+  bench_ceiling->add_option("-w,--warmup_iters", ceiling.warmup, "Warm-up iterations")
+      ->check(CLI::Range(0, 1000000));
+  bench_ceiling->add_flag("--json", json, "One JSON object per size");
+
   CLI::App* doctor = app.add_subcommand("doctor", "What this machine offers: NUMA, CXL, DAX, CUDA");
   doctor->add_flag("--json", json, "Machine-readable output");
 
@@ -288,6 +306,23 @@ int main(int argc, char** argv) {
     coll.max_bytes = *hi;
     coll.json = json;
     return bench::RunCollBench(coll);
+  }
+  if (*bench_ceiling) {
+    auto lo = runtime::ParseByteSize(ceiling_min, "-b");
+    auto hi = runtime::ParseByteSize(ceiling_max, "-e");
+    auto chunk = runtime::ParseByteSize(ceiling_chunk, "--chunk");
+    for (const auto* v : {&lo, &hi, &chunk}) {
+      if (!v->ok()) {
+        std::fprintf(stderr, "cxlrt bench ceiling: %s\n",
+                     std::string(v->status().message()).c_str());
+        return 2;
+      }
+    }
+    ceiling.min_bytes = *lo;
+    ceiling.max_bytes = *hi;
+    ceiling.chunk_bytes = *chunk;
+    ceiling.json = json;
+    return bench::RunCeilingProbe(ceiling);
   }
   if (*bench_pool) {
     if (bench_uri.empty()) bench_uri = "emu://bench-" + std::to_string(getpid()) + "?size=256M";

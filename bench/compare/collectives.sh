@@ -6,6 +6,11 @@
 #   bench/compare/collectives.sh [RANKS...]     (default: 2)
 #   env: MIN=64K MAX=64M ITERS=20 WARMUP=5 COLLS="allreduce allgather ..."
 #
+# The ceiling probe (`cxlrt bench ceiling`: the 2-rank all-reduce with the
+# least protocol that works, over a memfd) runs in the same run, and every
+# cxlrt row also reads against the traffic bound its benchmark reports
+# (busbw / bound: above 1.0 would mean the bound is wrong).
+#
 # Each peer gets its best configuration: Open MPI runs in a private network
 # namespace with only loopback up (its out-of-band listeners bind every
 # interface), with glibc's malloc told not to return memory (else its
@@ -71,6 +76,11 @@ for n in "${RANKS[@]}"; do
         { echo "# Gloo failed:" >&2; tail -5 "$WORK/gloo.err" >&2; } ;;
     esac
   done
+  if [ "$n" = 2 ] && [[ " $COLLS " == *" allreduce "* ]]; then
+    echo "# allreduce, 2 ranks: the ceiling probe" >&2
+    build/bin/cxlrt bench ceiling -b "$MIN" -e "$MAX" -f 2 -n "$ITERS" -w "$WARMUP" --json |
+      sed 's/^{/{"peer": "probe", /' >>"$OUT"
+  fi
   # 8-byte all-reduce latency: many iterations, time per call.
   echo "# 8-byte allreduce latency, $n ranks" >&2
   build/bin/cxlrt bench allreduce -b 8 -e 8 -n 5000 -w 500 --ranks "$n" --json |
@@ -91,24 +101,34 @@ import json, sys
 every = [json.loads(l) for l in open(sys.argv[1]) if l.strip().startswith("{")]
 rows = [r for r in every if not r.get("latency")]
 lat = [r for r in every if r.get("latency")]
-memcpy = next((r["memcpy_gbps"] for r in rows if "memcpy_gbps" in r), 0)
-print(f"# busbw in GB/s (nccl-tests formulas); this machine's memcpy: {memcpy:.2f} GB/s")
-print(f"# cxlrt: private buffers; cxlrt-pool: buffers in the pool (zero-copy); MPI: the better "
-      f"of ob1/vader and UCX per size")
-print("%-14s %5s %10s %9s %10s %9s %9s %11s %11s" % ("collective", "ranks", "bytes", "cxlrt",
-      "cxlrt-pool", "mpi", "gloo", "cxlrt/best", "pool/best"))
-keys = sorted({(r["collective"], r["ranks"], r["bytes"]) for r in rows})
+first = next((r for r in rows if "two_thread_copy_gbps" in r), {})
+print(f"# busbw in GB/s (nccl-tests formulas). This machine, measured in the run: memcpy "
+      f"{first.get('memcpy_gbps', 0):.2f}, best single-thread copy {first.get('best_copy_gbps', 0):.2f}, "
+      f"two threads {first.get('two_thread_copy_gbps', 0):.2f} GB/s (64 MiB); pinning: "
+      f"{first.get('pinning', '?')}")
+print("# cxlrt: private buffers; pool: buffers in the pool (zero-copy); MPI: the better of "
+      "ob1/vader and UCX per size; probe: the ceiling probe (allreduce, 2 ranks); /bound: "
+      "cxlrt busbw over its traffic bound")
+print("%-14s %5s %10s %8s %8s %8s %8s %8s %7s %7s %7s %7s %7s" % ("collective", "ranks", "bytes",
+      "cxlrt", "pool", "mpi", "gloo", "probe", "c/best", "p/best", "c/probe", "c/bound",
+      "p/bound"))
+keys = sorted({(r["collective"], r["ranks"], r["bytes"]) for r in rows if r["peer"] != "probe"})
 for coll, n, b in keys:
-    def get(peer):
-        v = [r["busbw_gbps"] for r in rows if r["peer"] == peer and r["collective"] == coll
+    def pick(peer):
+        v = [r for r in rows if r["peer"] == peer and r["collective"] == coll
              and r["ranks"] == n and r["bytes"] == b]
-        return max(v) if v else None
-    c, p, m, g = get("cxlrt"), get("cxlrt-pool"), get("mpi"), get("gloo")
+        return max(v, key=lambda r: r["busbw_gbps"]) if v else None
+    def get(peer):
+        r = pick(peer)
+        return r["busbw_gbps"] if r else None
+    c, p, m, g, pr = get("cxlrt"), get("cxlrt-pool"), get("mpi"), get("gloo"), get("probe")
     best = max([x for x in (m, g) if x] or [0])
     f = lambda x: "%.2f" % x if x is not None else "-"
-    ratio = lambda x: "%.2f" % (x / best) if x and best else "-"
-    print("%-14s %5d %10d %9s %10s %9s %9s %11s %11s" % (coll, n, b, f(c), f(p), f(m), f(g),
-          ratio(c), ratio(p)))
+    ratio = lambda x, y: "%.2f" % (x / y) if x and y else "-"
+    bound = lambda peer: f(pick(peer)["busbw_vs_bound"]) if pick(peer) and pick(peer).get("busbw_vs_bound") else "-"
+    print("%-14s %5d %10d %8s %8s %8s %8s %8s %7s %7s %7s %7s %7s" % (coll, n, b, f(c), f(p), f(m),
+          f(g), f(pr), ratio(c, best), ratio(p, best), ratio(c, pr), bound("cxlrt"),
+          bound("cxlrt-pool")))
 print()
 print("# 8-byte allreduce latency (us per call; MPI: the better transport)")
 print("%5s %9s %9s %9s %11s" % ("ranks", "cxlrt", "mpi", "gloo", "cxlrt/best"))
