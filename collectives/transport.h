@@ -179,17 +179,25 @@ class Transport {
 // Runs a call's posts 0..n-1 as a pipeline: post(i) stages and publishes
 // item i, consume(i) waits for it, reads it and marks it done. Item i is
 // posted up to `ahead` items before it is consumed, so its bytes move
-// while the peers still read earlier items.
-// REQUIRES: ahead < transport depth; consume(i) does not need an item
-// posted after item i + ahead.
-template <typename Post, typename Consume>
-absl::Status RunPipeline(size_t n, size_t ahead, Post&& post, Consume&& consume) {
+// while the peers still read earlier items; `ready(i)` holds an item back
+// until what it posts exists (two-shot post B carries a shard that the
+// consume of post A computes).
+// REQUIRES: ahead < transport depth; ready(i) once items before i are
+// consumed.
+template <typename Post, typename Consume, typename Ready>
+absl::Status RunPipeline(size_t n, size_t ahead, Post&& post, Consume&& consume, Ready&& ready) {
   size_t posted = 0;
   for (size_t i = 0; i < n; ++i) {
-    for (; posted < n && posted <= i + ahead; ++posted) CXLRT_RETURN_IF_ERROR(post(posted));
+    for (; posted < n && posted <= i + ahead && ready(posted); ++posted) {
+      CXLRT_RETURN_IF_ERROR(post(posted));
+    }
     CXLRT_RETURN_IF_ERROR(consume(i));
   }
   return absl::OkStatus();
+}
+template <typename Post, typename Consume>
+absl::Status RunPipeline(size_t n, size_t ahead, Post&& post, Consume&& consume) {
+  return RunPipeline(n, ahead, post, consume, [](size_t) { return true; });
 }
 
 }  // namespace cxlrt::collectives

@@ -77,7 +77,8 @@ absl::Status TwoShot(Call& c, const uint8_t* in, uint8_t* out, size_t count, Red
   const uint64_t base = c.t.staged();
   std::vector<const void*> srcs(n);
   std::vector<CopyEngine::Ticket> tickets;
-  auto shard = [&](size_t k, int j) {  // [lo, hi) of rank j's shard of chunk k
+  std::vector<bool> reduced(chunks, false);  // A(c) consumed: B(c) may be posted
+  auto shard = [&](size_t k, int j) {        // [lo, hi) of rank j's shard of chunk k
     const size_t first = k * chunk_elems, m = std::min(chunk_elems, count - first);
     return std::pair<size_t, size_t>{first + m * j / n, first + m * (j + 1) / n};
   };
@@ -119,6 +120,8 @@ absl::Status TwoShot(Call& c, const uint8_t* in, uint8_t* out, size_t count, Red
         }
       }
       tickets.push_back(c.e.Reduce(c.type, op, out + lo * es, srcs.data(), n, hi - lo, n));
+      CXLRT_RETURN_IF_ERROR(WaitAll(c, tickets));
+      reduced[it.chunk] = true;
     } else {
       for (int j = 0; j < n; ++j) {
         const auto [jlo, jhi] = shard(it.chunk, j);
@@ -131,8 +134,10 @@ absl::Status TwoShot(Call& c, const uint8_t* in, uint8_t* out, size_t count, Red
     c.t.Done(s);
     return absl::OkStatus();
   };
-  // B(c) is posted only after A(c) was consumed: at most one item ahead.
-  CXLRT_RETURN_IF_ERROR(RunPipeline(items.size(), 1, post, consume));
+  // B(c) is posted only after A(c) was consumed (one chunk: A0 B0).
+  CXLRT_RETURN_IF_ERROR(RunPipeline(items.size(), c.ahead(), post, consume, [&](size_t i) {
+    return !items[i].b || reduced[items[i].chunk];
+  }));
   // Every peer posted B(C-1) after reading our A(C-1): the send buffer is
   // ours again without a further wait.
   return c.t.EndCall(false);

@@ -629,6 +629,14 @@ std::vector<Case> Matrix(int n, bool full) {
       }
     }
   }
+  // Two-shot all-reduce in one chunk (posts A0 B0: B0 must wait for A0's
+  // reduction), private and pool-resident.
+  for (bool in_pool : {false, true}) {
+    for (bool in_place : {false, true}) {
+      cases.push_back(
+          {CollKind::kAllReduce, DataType::kFloat32, RedOp::kSum, 100003, -1, in_place, in_pool});
+    }
+  }
   // Zero-copy: one-shot and two-shot all-reduce, all-gather, broadcast.
   for (bool in_place : {false, true}) {
     cases.push_back(
