@@ -15,7 +15,7 @@ PACKAGES=(
   libpmem2-dev
   libcli11-dev
   nlohmann-json3-dev
-  python3
+  python3 python3-dev pybind11-dev python3-numpy python3-pytest
   spin
   clang libclang-rt-14-dev llvm
 )

@@ -1,0 +1,325 @@
+"""cxlrt: communication through a CXL shared memory pool.
+
+Pools, hosts, pool-resident buffers, communicators with NCCL-shaped
+collectives, and the KV-cache block store, over the C++ runtime
+(docs/python.md). Arrays are numpy arrays or CPU torch tensors (anything
+with the buffer protocol works too, with an explicit dtype); results land
+in the caller's arrays, and calls that wait release the GIL.
+
+    import numpy as np, cxlrt
+    with cxlrt.Host("emu://job?size=256M", create=True) as host:  # one per process
+        comm = host.communicator("train", nranks=2, rank=0)
+        x = np.ones(1024, np.float32)
+        comm.all_reduce(x)                                         # in place, sum
+
+Every failure raises a subclass of ``cxlrt.Error`` carrying ``code`` (the
+status code's name) and ``message``.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from typing import Iterator, Optional, Sequence, Union
+
+from . import _cxlrt
+from ._cxlrt import (
+    AbortedError,
+    AlreadyExistsError,
+    DataLossError,
+    DeadlineExceededError,
+    Error,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    Pins,
+    Pool,
+    PoolBuffer,
+    ResourceExhaustedError,
+)
+
+__all__ = [
+    "AbortedError", "AlreadyExistsError", "Communicator", "DataLossError",
+    "DeadlineExceededError", "Error", "FailedPreconditionError", "Host",
+    "InvalidArgumentError", "NotFoundError", "Pins", "Pool", "PoolBuffer",
+    "ResourceExhaustedError", "Store",
+]
+
+# numpy / torch element types -> cxlrt's names.
+_NUMPY = {
+    "int8": "int8", "uint8": "uint8", "int32": "int32", "uint32": "uint32",
+    "int64": "int64", "uint64": "uint64", "float16": "float16",
+    "float32": "float32", "float64": "float64",
+}
+_TORCH = {
+    "torch.int8": "int8", "torch.uint8": "uint8", "torch.int32": "int32",
+    "torch.int64": "int64", "torch.float16": "float16", "torch.bfloat16": "bfloat16",
+    "torch.float32": "float32", "torch.float64": "float64",
+}
+
+
+def _view(x, dtype: Optional[str] = None):
+    """(buffer, cxlrt dtype, elements) of an array, without a copy."""
+    mod = type(x).__module__
+    if mod.startswith("torch"):
+        if x.device.type != "cpu":
+            raise InvalidArgumentError(
+                f"a {x.device.type} tensor: this build moves CPU tensors only")
+        if not x.is_contiguous():
+            raise InvalidArgumentError("the tensor is not contiguous")
+        name = _TORCH.get(str(x.dtype))
+        if name is None:
+            raise InvalidArgumentError(f"cxlrt has no element type for {x.dtype}")
+        import torch  # the caller has it
+
+        # numpy has no bfloat16: the same bits through an int16 view.
+        arr = x.view(torch.int16).numpy() if name == "bfloat16" else x.numpy()
+        return arr, dtype or name, x.numel()
+    if hasattr(x, "dtype") and hasattr(x, "size") and hasattr(x, "flags"):  # numpy
+        if not x.flags["C_CONTIGUOUS"]:
+            raise InvalidArgumentError("the array is not C-contiguous")
+        name = dtype or _NUMPY.get(str(x.dtype))
+        if name is None:
+            raise InvalidArgumentError(f"cxlrt has no element type for {x.dtype}")
+        return x, name, x.size
+    if dtype is None:
+        raise InvalidArgumentError("pass dtype= for a buffer that is not an array")
+    nbytes = memoryview(x).nbytes
+    return x, dtype, nbytes // _cxlrt.dtype_size(dtype)
+
+
+class Host:
+    """This process attached to a pool as one host (its heartbeat, its
+    allocator). A context manager; ``close()`` detaches.
+
+    ``pool``: a Pool, a URI, or None for CXLRT_POOL (which ``cxlrt run``
+    sets); with ``create=True`` a URI that names no pool yet is created.
+    ``slot``/``host_id``: where to attach (default: the environment's
+    CXLRT_HOST_ID, else the first free slot).
+    """
+
+    def __init__(self, pool: Union[Pool, str, None] = None, *, create: bool = False,
+                 slot: Optional[int] = None, host_id: Optional[int] = None):
+        if pool is None:
+            pool = os.environ.get("CXLRT_POOL")
+            if not pool:
+                raise InvalidArgumentError("no pool given and CXLRT_POOL is not set")
+        if isinstance(pool, str):
+            if create:
+                try:
+                    pool = Pool.create(pool)
+                except AlreadyExistsError:
+                    pool = Pool.open(pool)
+            else:
+                pool = Pool.open(pool)
+        self.pool = pool
+        self._host = _cxlrt.Host(pool, slot, host_id)
+
+    def __enter__(self) -> "Host":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._host.close()
+
+    @property
+    def slot(self) -> int:
+        return self._host.slot
+
+    def allocate(self, nbytes: int, alignment: int = 64) -> PoolBuffer:
+        """A block of the pool (buffer protocol; ``free()`` returns it)."""
+        return self._host.allocate(nbytes, alignment)
+
+    def array(self, shape, dtype="float32"):
+        """A numpy array whose memory lies in the pool (it keeps its block)."""
+        import numpy as np
+
+        dt = np.dtype(dtype)
+        count = int(np.prod(shape))
+        buf = self.allocate(max(count * dt.itemsize, 1), 4096)
+        return np.frombuffer(buf, dtype=dt, count=count).reshape(shape)
+
+    def communicator(self, name: str, nranks: Optional[int] = None,
+                     rank: Optional[int] = None, **options) -> "Communicator":
+        """Creates or joins communicator ``name`` (rank and size from the
+        launcher's environment when not given). Options: timeout (seconds),
+        slot_bytes, depth."""
+        return Communicator(self, name, nranks, rank, **options)
+
+    def store(self, create: bool = False, **options) -> "Store":
+        """The pool's KV store (made when ``create`` and the pool has none)."""
+        return Store(self, create=create, **options)
+
+
+class Communicator:
+    """NCCL-shaped collectives over the pool. Arrays of the same element
+    type; ``out`` omitted means in place. A context manager; ``destroy()``
+    leaves (a barrier, then the last one out frees the block)."""
+
+    def __init__(self, host: Host, name: str, nranks: Optional[int] = None,
+                 rank: Optional[int] = None, *, timeout: float = 0.0,
+                 slot_bytes: int = 0, depth: int = 0):
+        self._c = _cxlrt.Communicator(
+            host._host, name, -1 if nranks is None else nranks,
+            -1 if rank is None else rank, timeout, slot_bytes, depth)
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.destroy()
+
+    @property
+    def rank(self) -> int:
+        return self._c.rank
+
+    @property
+    def size(self) -> int:
+        return self._c.size
+
+    def destroy(self) -> None:
+        self._c.destroy()
+
+    def abort(self, why: str = "aborted by the application") -> None:
+        self._c.abort(why)
+
+    def array(self, shape, dtype="float32"):
+        """A numpy array in the pool that collectives read in place
+        (zero-copy)."""
+        import numpy as np
+
+        dt = np.dtype(dtype)
+        count = int(np.prod(shape))
+        buf = self._c.allocate(max(count * dt.itemsize, 1))
+        return np.frombuffer(buf, dtype=dt, count=count).reshape(shape)
+
+    def all_reduce(self, x, op: str = "sum", out=None):
+        s, t, n = _view(x)
+        r = s if out is None else _view(out, t)[0]
+        self._c.all_reduce(s, r, n, t, op)
+        return x if out is None else out
+
+    def reduce_scatter(self, x, out, op: str = "sum"):
+        s, t, _ = _view(x)
+        r, _, n = _view(out, t)
+        self._c.reduce_scatter(s, r, n, t, op)
+        return out
+
+    def all_gather(self, x, out):
+        s, t, n = _view(x)
+        self._c.all_gather(s, _view(out, t)[0], n, t)
+        return out
+
+    def broadcast(self, x, root: int = 0, out=None):
+        s, t, n = _view(x)
+        r = s if out is None else _view(out, t)[0]
+        self._c.broadcast(s, r, n, t, root)
+        return x if out is None else out
+
+    def reduce(self, x, root: int = 0, op: str = "sum", out=None):
+        s, t, n = _view(x)
+        r = s if out is None else _view(out, t)[0]
+        self._c.reduce(s, r, n, t, op, root)
+        return x if out is None else out
+
+    def gather(self, x, out, root: int = 0):
+        """``out`` (size * x elements) matters on the root only."""
+        s, t, n = _view(x)
+        self._c.gather(s, _view(out, t)[0], n, t, root)
+        return out
+
+    def scatter(self, x, out, root: int = 0):
+        """``x`` (size * out elements) matters on the root only."""
+        r, t, n = _view(out)
+        self._c.scatter(_view(x, t)[0], r, n, t, root)
+        return out
+
+    def all_to_all(self, x, out):
+        s, t, n = _view(x)
+        if n % self.size:
+            raise InvalidArgumentError(f"{n} elements do not split over {self.size} ranks")
+        self._c.all_to_all(s, _view(out, t)[0], n // self.size, t)
+        return out
+
+    def barrier(self) -> None:
+        self._c.barrier()
+
+    def send(self, x, peer: int) -> None:
+        s, t, n = _view(x)
+        self._c.send(s, n, t, peer)
+
+    def recv(self, x, peer: int):
+        r, t, n = _view(x)
+        self._c.recv(r, n, t, peer)
+        return x
+
+
+def _key(k) -> bytes:
+    return k.encode() if isinstance(k, str) else bytes(k)
+
+
+class Store:
+    """The KV-cache block store: write-once values under (namespace, key).
+    Keys are str or bytes; values are arrays or buffers. ``get_into`` and
+    ``batch_get_into`` copy into the caller's buffers."""
+
+    def __init__(self, host: Host, *, create: bool = False, entries_per_host: int = 0,
+                 pins_per_host: int = 0, max_namespaces: int = 0):
+        self._s = _cxlrt.Store(host._host, create, entries_per_host, pins_per_host,
+                               max_namespaces)
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._s.close()
+
+    def put(self, ns: str, key, value) -> None:
+        """AlreadyExistsError when the key is there (the first writer wins)."""
+        self._s.put(ns, _key(key), _view(value, "uint8")[0])
+
+    def get_into(self, ns: str, key, out) -> int:
+        """Copies the value into ``out``; returns its size in bytes."""
+        return self._s.get_into(ns, _key(key), _view(out, "uint8")[0])
+
+    def get(self, ns: str, key) -> bytes:
+        out = bytearray(self._s.value_size(ns, _key(key)))
+        n = self._s.get_into(ns, _key(key), out)
+        return bytes(out[:n])
+
+    def contains(self, ns: str, key) -> bool:
+        return self._s.contains(ns, _key(key))
+
+    def batch_put(self, ns: str, keys: Sequence, values: Sequence) -> list:
+        """One entry per item: None, or the Error of that item."""
+        return self._s.batch_put(ns, [_key(k) for k in keys],
+                                 [_view(v, "uint8")[0] for v in values])
+
+    def batch_get_into(self, ns: str, keys: Sequence, outs: Sequence) -> list:
+        """One entry per item: the value's size, or the Error of that item."""
+        return self._s.batch_get_into(ns, [_key(k) for k in keys],
+                                      [_view(o, "uint8")[0] for o in outs])
+
+    @contextmanager
+    def lookup(self, ns: str, chain: Sequence) -> Iterator[Pins]:
+        """Pins the longest present prefix of ``chain``; ``pins.length`` keys.
+        The pins are released when the block ends."""
+        pins = self._s.lookup(ns, [_key(k) for k in chain])
+        try:
+            yield pins
+        finally:
+            pins.release()
+
+    def delete(self, ns: str, key) -> None:
+        self._s.delete(ns, _key(key))
+
+    def set_quota(self, ns: str, nbytes: int) -> None:
+        self._s.set_quota(ns, nbytes)
+
+    def stats(self) -> dict:
+        return self._s.stats()

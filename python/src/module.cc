@@ -1,0 +1,665 @@
+// The `cxlrt._cxlrt` extension: pools, hosts, pool-resident buffers,
+// communicators and the KV store, bound with pybind11. python/cxlrt/ wraps
+// it in the Python API (docs/python.md); this file converts types, raises
+// a cxlrt.Error subclass for every non-OK status, and releases the GIL
+// around every call that may block (waits on peers, pool locks, copies).
+// Thread-safety: as the C++ objects it wraps (a Communicator is used by one
+// thread at a time; a Store by any).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "allocator/allocator.h"
+#include "collectives/communicator.h"
+#include "kv/store.h"
+#include "runtime/membership.h"
+#include "runtime/pool.h"
+
+namespace py = pybind11;
+
+namespace cxlrt::python {
+namespace {
+
+// A non-OK status on its way to Python.
+struct StatusError {
+  absl::Status status;
+};
+
+void Check(const absl::Status& s) {
+  if (!s.ok()) throw StatusError{s};
+}
+template <typename T>
+T Value(absl::StatusOr<T> v) {
+  if (!v.ok()) throw StatusError{v.status()};
+  return *std::move(v);
+}
+
+// cxlrt.Error and one subclass per status code, made at import.
+PyObject* g_error = nullptr;
+PyObject* g_errors[17] = {};
+
+const char* ClassName(absl::StatusCode c) {
+  switch (c) {
+    case absl::StatusCode::kInvalidArgument:
+      return "InvalidArgumentError";
+    case absl::StatusCode::kNotFound:
+      return "NotFoundError";
+    case absl::StatusCode::kAlreadyExists:
+      return "AlreadyExistsError";
+    case absl::StatusCode::kFailedPrecondition:
+      return "FailedPreconditionError";
+    case absl::StatusCode::kResourceExhausted:
+      return "ResourceExhaustedError";
+    case absl::StatusCode::kDeadlineExceeded:
+      return "DeadlineExceededError";
+    case absl::StatusCode::kAborted:
+      return "AbortedError";
+    case absl::StatusCode::kDataLoss:
+      return "DataLossError";
+    default:
+      return nullptr;
+  }
+}
+
+void RegisterErrors(py::module_& m) {
+  g_error = PyErr_NewExceptionWithDoc(
+      "cxlrt.Error",
+      "A cxlrt call failed. `code` is the status code's name (e.g. 'NOT_FOUND'), "
+      "`message` what was wrong.",
+      PyExc_RuntimeError, nullptr);
+  m.add_object("Error", py::handle(g_error));
+  for (int c = 1; c < 17; ++c) {
+    const char* name = ClassName(static_cast<absl::StatusCode>(c));
+    if (!name) continue;
+    g_errors[c] = PyErr_NewException(absl::StrCat("cxlrt.", name).c_str(), g_error, nullptr);
+    m.add_object(name, py::handle(g_errors[c]));
+  }
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const StatusError& e) {
+      const int c = static_cast<int>(e.status.code());
+      PyObject* cls = c > 0 && c < 17 && g_errors[c] ? g_errors[c] : g_error;
+      py::object exc = py::reinterpret_borrow<py::object>(cls)(std::string(e.status.message()));
+      exc.attr("code") = absl::StatusCodeToString(e.status.code());
+      exc.attr("message") = std::string(e.status.message());
+      PyErr_SetObject(cls, exc.ptr());
+    }
+  });
+}
+
+// --- Pools and hosts ---
+
+// A pool this process has mapped.
+struct PyPool {
+  std::unique_ptr<runtime::Pool> pool;
+};
+
+// This process attached to a pool as a host, with its allocator. Closed
+// (in reverse order) by close() or when the last reference goes.
+class PyHost {
+ public:
+  PyHost(std::shared_ptr<PyPool> pool, std::optional<uint32_t> slot, std::optional<int> host_id)
+      : pool_(std::move(pool)) {
+    runtime::AttachOptions o;
+    o.slot = slot;
+    o.host_id = host_id;
+    py::gil_scoped_release nogil;
+    membership_ = Value(runtime::Membership::Attach(*pool_->pool, o));
+    alloc_ = Value(allocator::Allocator::Open(*pool_->pool, *membership_));
+  }
+  ~PyHost() { Close(); }
+  void Close() {
+    py::gil_scoped_release nogil;
+    alloc_.reset();
+    membership_.reset();
+  }
+  bool closed() const { return !alloc_; }
+  allocator::Allocator& alloc() {
+    if (!alloc_) throw StatusError{absl::FailedPreconditionError("the host is closed")};
+    return *alloc_;
+  }
+  uint32_t slot() { return alloc().membership().slot(); }
+  runtime::Pool& pool() { return *pool_->pool; }
+
+ private:
+  std::shared_ptr<PyPool> pool_;
+  std::unique_ptr<runtime::Membership> membership_;
+  std::unique_ptr<allocator::Allocator> alloc_;
+};
+
+// A block of the pool this process may read and write through the buffer
+// protocol (numpy.frombuffer, torch.frombuffer: no copy). Freed by free()
+// or with its owner.
+class PyBuffer {
+ public:
+  PyBuffer(std::shared_ptr<PyHost> host, uint8_t* data, size_t size, runtime::PoolOffset offset,
+           std::function<absl::Status()> free)
+      : host_(std::move(host)), data_(data), size_(size), offset_(offset), free_(std::move(free)) {}
+  uint8_t* data() const {
+    if (!data_) throw StatusError{absl::FailedPreconditionError("the buffer was freed")};
+    return data_;
+  }
+  size_t size() const { return size_; }
+  bool freed() const { return data_ == nullptr; }
+  runtime::PoolOffset offset() const { return offset_; }
+  void Free() {
+    if (!data_) return;
+    data_ = nullptr;
+    Check(free_());
+  }
+
+ private:
+  std::shared_ptr<PyHost> host_;
+  uint8_t* data_;
+  size_t size_;
+  runtime::PoolOffset offset_;
+  std::function<absl::Status()> free_;
+};
+
+// --- Communicators ---
+
+collectives::DataType TypeOf(const std::string& name) {
+  auto t = collectives::ParseDataType(name);
+  if (!t) throw StatusError{absl::InvalidArgumentError(absl::StrCat("unknown dtype '", name, "'"))};
+  return *t;
+}
+collectives::RedOp OpOf(const std::string& name) {
+  auto o = collectives::ParseRedOp(name);
+  if (!o) throw StatusError{absl::InvalidArgumentError(absl::StrCat("unknown op '", name, "'"))};
+  return *o;
+}
+
+// A contiguous buffer's address and size.
+struct Span {
+  void* p;
+  size_t bytes;
+};
+Span SpanOf(const py::buffer& b, bool writable) {
+  py::buffer_info info = b.request(writable);
+  ssize_t expect = info.itemsize;
+  for (ssize_t d = info.ndim - 1; d >= 0; --d) {
+    if (info.shape[d] > 1 && info.strides[d] != expect) {
+      throw StatusError{absl::InvalidArgumentError("the buffer is not contiguous")};
+    }
+    expect *= info.shape[d];
+  }
+  return {info.ptr, static_cast<size_t>(info.size * info.itemsize)};
+}
+
+class PyComm {
+ public:
+  PyComm(std::shared_ptr<PyHost> host, const std::string& name, int nranks, int rank,
+         double timeout_s, uint64_t slot_bytes, uint32_t depth)
+      : host_(std::move(host)) {
+    collectives::CommOptions o;
+    if (timeout_s > 0) o.timeout = absl::Seconds(timeout_s);
+    o.slot_bytes = slot_bytes;
+    o.depth = depth;
+    allocator::Allocator& alloc = host_->alloc();
+    py::gil_scoped_release nogil;
+    comm_ = Value(collectives::Communicator::Create(alloc, name, nranks, rank, o));
+  }
+  collectives::Communicator& c() {
+    if (!comm_) throw StatusError{absl::FailedPreconditionError("the communicator was destroyed")};
+    return *comm_;
+  }
+  void Destroy() {
+    if (!comm_) return;
+    absl::Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = comm_->Destroy();
+      comm_.reset();
+    }
+    Check(s);
+  }
+  void Abort(const std::string& why) { c().Abort(why); }
+  std::shared_ptr<PyHost> host() const { return host_; }
+
+  // Runs `fn` on the communicator without the GIL.
+  template <typename Fn>
+  void Run(Fn&& fn) {
+    collectives::Communicator& comm = c();
+    absl::Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = fn(comm);
+    }
+    Check(s);
+  }
+
+ private:
+  std::shared_ptr<PyHost> host_;
+  std::unique_ptr<collectives::Communicator> comm_;
+};
+
+// --- KV store ---
+
+class PyStore {
+ public:
+  PyStore(std::shared_ptr<PyHost> host, bool create, uint32_t entries_per_host,
+          uint32_t pins_per_host, uint32_t max_namespaces)
+      : host_(std::move(host)) {
+    kv::StoreOptions o;
+    o.create = create;
+    if (entries_per_host) o.entries_per_host = entries_per_host;
+    if (pins_per_host) o.pins_per_host = pins_per_host;
+    if (max_namespaces) o.max_namespaces = max_namespaces;
+    allocator::Allocator& alloc = host_->alloc();
+    py::gil_scoped_release nogil;
+    store_ = Value(kv::Store::Open(alloc, o));
+  }
+  kv::Store& s() {
+    if (!store_) throw StatusError{absl::FailedPreconditionError("the store is closed")};
+    return *store_;
+  }
+  void Close() {
+    py::gil_scoped_release nogil;
+    store_.reset();
+  }
+
+ private:
+  std::shared_ptr<PyHost> host_;
+  std::unique_ptr<kv::Store> store_;
+};
+
+// Pins from Store.lookup, released by release() or on garbage collection.
+struct PyPins {
+  std::shared_ptr<PyStore> store;
+  kv::PinSet pins;
+  size_t length = 0;
+  void Release() {
+    if (store && !pins.empty()) store->s().Release(pins);
+  }
+  ~PyPins() {
+    try {
+      Release();
+    } catch (...) {
+    }
+  }
+};
+
+py::object StatusToPy(const absl::Status& s) {
+  if (s.ok()) return py::none();
+  const int c = static_cast<int>(s.code());
+  PyObject* cls = c > 0 && c < 17 && g_errors[c] ? g_errors[c] : g_error;
+  py::object exc = py::reinterpret_borrow<py::object>(cls)(std::string(s.message()));
+  exc.attr("code") = absl::StatusCodeToString(s.code());
+  exc.attr("message") = std::string(s.message());
+  return exc;
+}
+
+}  // namespace
+}  // namespace cxlrt::python
+
+using namespace cxlrt;          // NOLINT: the module body names every layer
+using namespace cxlrt::python;  // NOLINT
+
+PYBIND11_MODULE(_cxlrt, m) {
+  m.doc() = "cxlrt's C++ runtime, bound for Python (use the `cxlrt` package).";
+  RegisterErrors(m);
+
+  py::class_<PyPool, std::shared_ptr<PyPool>>(m, "Pool", "A CXL (or emulated) memory pool, mapped.")
+      .def_static(
+          "create",
+          [](const std::string& uri) {
+            py::gil_scoped_release nogil;
+            return std::make_shared<PyPool>(PyPool{Value(runtime::Pool::Create(uri))});
+          },
+          py::arg("uri"), "Creates the pool `uri` names (AlreadyExistsError when it exists).")
+      .def_static(
+          "open",
+          [](const std::string& uri) {
+            py::gil_scoped_release nogil;
+            return std::make_shared<PyPool>(PyPool{Value(runtime::Pool::Open(uri))});
+          },
+          py::arg("uri"), "Maps an existing pool.")
+      .def_static(
+          "destroy",
+          [](const std::string& uri, bool force) {
+            py::gil_scoped_release nogil;
+            Check(runtime::Pool::Destroy(uri, {.force = force}));
+          },
+          py::arg("uri"), py::arg("force") = false,
+          "Removes the pool's backing (FailedPreconditionError while hosts are attached, "
+          "unless force).")
+      .def_property_readonly("size", [](const PyPool& p) { return p.pool->size(); })
+      .def_property_readonly("uri", [](const PyPool& p) { return p.pool->uri().ForOpeners(); })
+      .def_property_readonly("coherence",
+                             [](const PyPool& p) {
+                               return std::string(runtime::CoherenceDomainName(p.pool->domain()));
+                             })
+      .def(
+          "check",
+          [](const PyPool& p) {
+            std::vector<std::string> problems;
+            absl::Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = p.pool->Check(&problems);
+            }
+            if (!s.ok() && problems.empty()) problems.push_back(std::string(s.message()));
+            return problems;
+          },
+          "Audits the pool's metadata; returns the problems found (empty: none).");
+
+  py::class_<PyHost, std::shared_ptr<PyHost>>(m, "Host",
+                                              "This process attached to a pool as a host.")
+      .def(py::init<std::shared_ptr<PyPool>, std::optional<uint32_t>, std::optional<int>>(),
+           py::arg("pool"), py::arg("slot") = py::none(), py::arg("host_id") = py::none())
+      .def("close", &PyHost::Close, "Detaches (the allocator first).")
+      .def_property_readonly("closed", &PyHost::closed)
+      .def_property_readonly("slot", &PyHost::slot)
+      .def(
+          "allocate",
+          [](std::shared_ptr<PyHost> h, size_t bytes, size_t alignment) {
+            allocator::Allocator& a = h->alloc();
+            runtime::PoolOffset off;
+            {
+              py::gil_scoped_release nogil;
+              off = Value(a.Allocate(std::max<size_t>(bytes, 1), {.alignment = alignment}));
+            }
+            uint8_t* p = h->pool().backend().base() + off;
+            return std::make_shared<PyBuffer>(h, p, bytes, off,
+                                              [h, off] { return h->alloc().Free(off); });
+          },
+          py::arg("nbytes"), py::arg("alignment") = 64, "A block of the pool (PoolBuffer).");
+
+  py::class_<PyBuffer, std::shared_ptr<PyBuffer>>(m, "PoolBuffer", py::buffer_protocol(),
+                                                  "Pool memory, readable and writable in place.")
+      .def_buffer([](PyBuffer& b) {
+        // No exception may leave a buffer callback: a freed block exposes no
+        // bytes (and nothing to write into).
+        return py::buffer_info(b.freed() ? nullptr : b.data(), 1,
+                               py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<ssize_t>(b.freed() ? 0 : b.size())}, {1});
+      })
+      .def_property_readonly("freed", &PyBuffer::freed)
+      .def_property_readonly("nbytes", &PyBuffer::size)
+      .def_property_readonly("offset", &PyBuffer::offset, "Offset in the pool.")
+      .def("free", &PyBuffer::Free, "Returns the block (later use raises).");
+
+  py::class_<PyComm, std::shared_ptr<PyComm>>(m, "Communicator")
+      .def(py::init<std::shared_ptr<PyHost>, std::string, int, int, double, uint64_t, uint32_t>(),
+           py::arg("host"), py::arg("name"), py::arg("nranks") = -1, py::arg("rank") = -1,
+           py::arg("timeout") = 0.0, py::arg("slot_bytes") = 0, py::arg("depth") = 0)
+      .def_property_readonly("rank", [](PyComm& c) { return c.c().rank(); })
+      .def_property_readonly("size", [](PyComm& c) { return c.c().size(); })
+      .def("destroy", &PyComm::Destroy)
+      .def("abort", &PyComm::Abort, py::arg("why") = "aborted by the application")
+      .def(
+          "allocate",
+          [](std::shared_ptr<PyComm> c, size_t bytes) {
+            void* p = Value(c->c().Allocate(bytes));
+            const runtime::PoolOffset off =
+                static_cast<uint8_t*>(p) - c->host()->pool().backend().base();
+            return std::make_shared<PyBuffer>(c->host(), static_cast<uint8_t*>(p), bytes, off,
+                                              [c, p] { return c->c().Free(p); });
+          },
+          py::arg("nbytes"))
+      .def("all_reduce",
+           [](PyComm& c, py::buffer send, py::buffer recv, size_t count, const std::string& dtype,
+              const std::string& op) {
+             const Span s = SpanOf(send, false), r = SpanOf(recv, true);
+             const auto t = TypeOf(dtype);
+             const auto o = OpOf(op);
+             c.Run([&](auto& comm) { return comm.AllReduce(s.p, r.p, count, t, o); });
+           })
+      .def("reduce_scatter",
+           [](PyComm& c, py::buffer send, py::buffer recv, size_t count, const std::string& dtype,
+              const std::string& op) {
+             const Span s = SpanOf(send, false), r = SpanOf(recv, true);
+             const auto t = TypeOf(dtype);
+             const auto o = OpOf(op);
+             c.Run([&](auto& comm) { return comm.ReduceScatter(s.p, r.p, count, t, o); });
+           })
+      .def("all_gather",
+           [](PyComm& c, py::buffer send, py::buffer recv, size_t count, const std::string& dtype) {
+             const Span s = SpanOf(send, false), r = SpanOf(recv, true);
+             const auto t = TypeOf(dtype);
+             c.Run([&](auto& comm) { return comm.AllGather(s.p, r.p, count, t); });
+           })
+      .def("broadcast",
+           [](PyComm& c, py::buffer send, py::buffer recv, size_t count, const std::string& dtype,
+              int root) {
+             const Span s = SpanOf(send, false), r = SpanOf(recv, true);
+             const auto t = TypeOf(dtype);
+             c.Run([&](auto& comm) { return comm.Broadcast(s.p, r.p, count, t, root); });
+           })
+      .def("reduce",
+           [](PyComm& c, py::buffer send, py::buffer recv, size_t count, const std::string& dtype,
+              const std::string& op, int root) {
+             const Span s = SpanOf(send, false), r = SpanOf(recv, true);
+             const auto t = TypeOf(dtype);
+             const auto o = OpOf(op);
+             c.Run([&](auto& comm) { return comm.Reduce(s.p, r.p, count, t, o, root); });
+           })
+      .def("gather",
+           [](PyComm& c, py::buffer send, py::buffer recv, size_t count, const std::string& dtype,
+              int root) {
+             const Span s = SpanOf(send, false), r = SpanOf(recv, true);
+             const auto t = TypeOf(dtype);
+             c.Run([&](auto& comm) { return comm.Gather(s.p, r.p, count, t, root); });
+           })
+      .def("scatter",
+           [](PyComm& c, py::buffer send, py::buffer recv, size_t count, const std::string& dtype,
+              int root) {
+             const Span s = SpanOf(send, false), r = SpanOf(recv, true);
+             const auto t = TypeOf(dtype);
+             c.Run([&](auto& comm) { return comm.Scatter(s.p, r.p, count, t, root); });
+           })
+      .def("all_to_all",
+           [](PyComm& c, py::buffer send, py::buffer recv, size_t count, const std::string& dtype) {
+             const Span s = SpanOf(send, false), r = SpanOf(recv, true);
+             const auto t = TypeOf(dtype);
+             c.Run([&](auto& comm) { return comm.AllToAll(s.p, r.p, count, t); });
+           })
+      .def("barrier", [](PyComm& c) { c.Run([](auto& comm) { return comm.Barrier(); }); })
+      .def("send",
+           [](PyComm& c, py::buffer buf, size_t count, const std::string& dtype, int peer) {
+             const Span s = SpanOf(buf, false);
+             const auto t = TypeOf(dtype);
+             c.Run([&](auto& comm) { return comm.Send(s.p, count, t, peer); });
+           })
+      .def("recv", [](PyComm& c, py::buffer buf, size_t count, const std::string& dtype, int peer) {
+        const Span r = SpanOf(buf, true);
+        const auto t = TypeOf(dtype);
+        c.Run([&](auto& comm) { return comm.Recv(r.p, count, t, peer); });
+      });
+
+  m.def(
+      "dtype_size", [](const std::string& dtype) { return collectives::SizeOf(TypeOf(dtype)); },
+      py::arg("dtype"));
+
+  py::class_<PyPins, std::shared_ptr<PyPins>>(m, "Pins", "Pins taken by Store.lookup.")
+      .def_readonly("length", &PyPins::length)
+      .def("__len__", [](const PyPins& p) { return p.pins.size(); })
+      .def("release", [](PyPins& p) {
+        py::gil_scoped_release nogil;
+        p.Release();
+      });
+
+  py::class_<PyStore, std::shared_ptr<PyStore>>(m, "Store", "The KV-cache block store.")
+      .def(py::init<std::shared_ptr<PyHost>, bool, uint32_t, uint32_t, uint32_t>(), py::arg("host"),
+           py::arg("create") = false, py::arg("entries_per_host") = 0, py::arg("pins_per_host") = 0,
+           py::arg("max_namespaces") = 0)
+      .def("close", &PyStore::Close)
+      .def(
+          "put",
+          [](PyStore& st, const std::string& ns, py::bytes key, py::buffer value) {
+            const std::string k = key;
+            const Span v = SpanOf(value, false);
+            kv::Store& s = st.s();
+            absl::Status r;
+            {
+              py::gil_scoped_release nogil;
+              r = s.Put(ns, k, v.p, v.bytes);
+            }
+            Check(r);
+          },
+          py::arg("ns"), py::arg("key"), py::arg("value"))
+      .def(
+          "get_into",
+          [](PyStore& st, const std::string& ns, py::bytes key, py::buffer out) {
+            const std::string k = key;
+            const Span o = SpanOf(out, true);
+            kv::Store& s = st.s();
+            absl::StatusOr<size_t> r;
+            {
+              py::gil_scoped_release nogil;
+              r = s.Get(ns, k, o.p, o.bytes);
+            }
+            return Value(r);
+          },
+          py::arg("ns"), py::arg("key"), py::arg("out"))
+      .def(
+          "value_size",
+          [](PyStore& st, const std::string& ns, py::bytes key) {
+            const std::string k = key;
+            kv::Store& s = st.s();
+            py::gil_scoped_release nogil;
+            return Value(s.ValueSize(ns, k));
+          },
+          py::arg("ns"), py::arg("key"))
+      .def(
+          "contains",
+          [](PyStore& st, const std::string& ns, py::bytes key) {
+            const std::string k = key;
+            kv::Store& s = st.s();
+            py::gil_scoped_release nogil;
+            return Value(s.Contains(ns, k));
+          },
+          py::arg("ns"), py::arg("key"))
+      .def(
+          "batch_put",
+          [](PyStore& st, const std::string& ns, const std::vector<py::bytes>& keys,
+             const std::vector<py::buffer>& values) {
+            if (keys.size() != values.size()) {
+              throw StatusError{absl::InvalidArgumentError("keys and values differ in length")};
+            }
+            std::vector<std::string> k(keys.begin(), keys.end());
+            std::vector<kv::PutItem> items(k.size());
+            for (size_t i = 0; i < k.size(); ++i) {
+              const Span v = SpanOf(values[i], false);
+              items[i] = {k[i], v.p, v.bytes};
+            }
+            kv::Store& s = st.s();
+            std::vector<absl::Status> r;
+            {
+              py::gil_scoped_release nogil;
+              r = s.BatchPut(ns, items);
+            }
+            py::list out;
+            for (const absl::Status& x : r) out.append(StatusToPy(x));
+            return out;
+          },
+          py::arg("ns"), py::arg("keys"), py::arg("values"))
+      .def(
+          "batch_get_into",
+          [](PyStore& st, const std::string& ns, const std::vector<py::bytes>& keys,
+             const std::vector<py::buffer>& outs) {
+            if (keys.size() != outs.size()) {
+              throw StatusError{absl::InvalidArgumentError("keys and buffers differ in length")};
+            }
+            std::vector<std::string> k(keys.begin(), keys.end());
+            std::vector<kv::GetItem> items(k.size());
+            for (size_t i = 0; i < k.size(); ++i) {
+              const Span o = SpanOf(outs[i], true);
+              items[i] = {k[i], o.p, o.bytes};
+            }
+            kv::Store& s = st.s();
+            std::vector<absl::StatusOr<size_t>> r;
+            {
+              py::gil_scoped_release nogil;
+              r = s.BatchGet(ns, items);
+            }
+            py::list out;
+            for (const auto& x : r) {
+              if (x.ok()) {
+                out.append(py::int_(*x));
+              } else {
+                out.append(StatusToPy(x.status()));
+              }
+            }
+            return out;
+          },
+          py::arg("ns"), py::arg("keys"), py::arg("outs"))
+      .def(
+          "lookup",
+          [](std::shared_ptr<PyStore> st, const std::string& ns,
+             const std::vector<py::bytes>& chain) {
+            std::vector<std::string> c(chain.begin(), chain.end());
+            auto pins = std::make_shared<PyPins>();
+            pins->store = st;
+            kv::Store& s = st->s();
+            absl::StatusOr<size_t> n;
+            {
+              py::gil_scoped_release nogil;
+              n = s.Lookup(ns, c, &pins->pins);
+            }
+            pins->length = Value(n);
+            return pins;
+          },
+          py::arg("ns"), py::arg("chain"))
+      .def(
+          "delete",
+          [](PyStore& st, const std::string& ns, py::bytes key) {
+            const std::string k = key;
+            kv::Store& s = st.s();
+            absl::Status r;
+            {
+              py::gil_scoped_release nogil;
+              r = s.Delete(ns, k);
+            }
+            Check(r);
+          },
+          py::arg("ns"), py::arg("key"))
+      .def(
+          "set_quota",
+          [](PyStore& st, const std::string& ns, uint64_t bytes) {
+            kv::Store& s = st.s();
+            absl::Status r;
+            {
+              py::gil_scoped_release nogil;
+              r = s.SetQuota(ns, bytes);
+            }
+            Check(r);
+          },
+          py::arg("ns"), py::arg("nbytes"))
+      .def("stats", [](PyStore& st) {
+        kv::Store& s = st.s();
+        absl::StatusOr<kv::StoreStats> r;
+        {
+          py::gil_scoped_release nogil;
+          r = s.Stats();
+        }
+        const kv::StoreStats v = Value(r);
+        py::dict d;
+        d["hosts"] = v.hosts;
+        d["entries_per_host"] = v.entries_per_host;
+        d["live_entries"] = v.live_entries;
+        py::dict spaces;
+        for (const kv::NamespaceStats& n : v.namespaces) {
+          py::dict x;
+          x["quota"] = n.quota;
+          x["entries"] = n.entries;
+          x["bytes"] = n.bytes;
+          x["hits"] = n.hits;
+          x["misses"] = n.misses;
+          x["evictions"] = n.evictions;
+          x["puts"] = n.puts;
+          x["put_exists"] = n.put_exists;
+          spaces[py::str(n.name)] = x;
+        }
+        d["namespaces"] = spaces;
+        return d;
+      });
+}

@@ -1,0 +1,271 @@
+"""The cxlrt Python package: pools, hosts, pool buffers, collectives across
+forked processes (results against numpy), the KV store, errors, and the
+GIL released while a call waits. Run by ctest (python_test) with
+PYTHONPATH at the build tree's python/."""
+
+import multiprocessing as mp
+import os
+import threading
+import time
+import traceback
+import uuid
+
+import numpy as np
+import pytest
+
+import cxlrt
+
+
+@pytest.fixture
+def uri():
+    name = f"pytest-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    u = f"emu://{name}?size=256M"
+    pool = cxlrt.Pool.create(u)
+    yield pool.uri
+    del pool
+    cxlrt.Pool.destroy(u, force=True)
+
+
+def run_ranks(n, fn, *args, timeout=120):
+    """Runs fn(rank, n, *args) in n forked processes; re-raises the first
+    failure with its traceback text."""
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+
+    def main(r):
+        try:
+            fn(r, n, *args)
+            q.put((r, None))
+        except BaseException:  # report everything, exit cleanly
+            q.put((r, traceback.format_exc()))
+
+    procs = [ctx.Process(target=main, args=(r,)) for r in range(n)]
+    for p in procs:
+        p.start()
+    results = {}
+    deadline = time.time() + timeout
+    while len(results) < n and time.time() < deadline:
+        try:
+            r, err = q.get(timeout=1)
+            results[r] = err
+        except Exception:
+            if any(p.exitcode not in (None, 0) for p in procs):
+                break
+    for p in procs:
+        p.join(5)
+        if p.is_alive():
+            p.kill()
+    errors = [f"rank {r}: {e}" for r, e in sorted(results.items()) if e]
+    missing = [r for r in range(n) if r not in results]
+    assert not errors and not missing, "\n".join(errors) + f" missing: {missing}"
+
+
+def test_pool_errors_carry_the_status_code(uri):
+    with pytest.raises(cxlrt.NotFoundError) as e:
+        cxlrt.Pool.open("emu://no-such-pool-here")
+    assert e.value.code == "NOT_FOUND"
+    assert isinstance(e.value, cxlrt.Error)
+    with pytest.raises(cxlrt.AlreadyExistsError):
+        cxlrt.Pool.create(uri + "?size=64M")
+    pool = cxlrt.Pool.open(uri)
+    assert pool.size == 256 << 20
+    assert pool.check() == []
+
+
+def test_pool_buffers_are_numpy_arrays_without_a_copy(uri):
+    with cxlrt.Host(uri) as host:
+        a = host.array((4, 256), "float32")
+        a[:] = 7
+        buf = host.allocate(4096)
+        view = np.frombuffer(buf, np.uint8)
+        view[:] = 3
+        assert bytes(memoryview(buf)[:4]) == b"\x03" * 4
+        assert buf.offset > 0 and buf.nbytes == 4096
+        buf.free()
+        assert buf.freed and memoryview(buf).nbytes == 0
+        assert a.sum() == 7 * 1024
+    with pytest.raises(cxlrt.FailedPreconditionError):
+        host.allocate(64)
+
+
+def _collectives(rank, n, uri):
+    with cxlrt.Host(uri) as host, host.communicator("py", n, rank) as comm:
+        assert (comm.rank, comm.size) == (rank, n)
+        count = 100_003
+        base = np.arange(count, dtype=np.float32) % 13
+        x = base + rank
+        comm.all_reduce(x)
+        np.testing.assert_array_equal(x, base * n + n * (n - 1) / 2)
+
+        y = np.full(count, rank + 1, np.int64)
+        out = np.empty_like(y)
+        comm.all_reduce(y, op="max", out=out)
+        assert (out == n).all() and (y == rank + 1).all()
+
+        g = np.empty(n * 1000, np.float64)
+        comm.all_gather(np.full(1000, rank, np.float64), g)
+        np.testing.assert_array_equal(g, np.repeat(np.arange(n, dtype=np.float64), 1000))
+
+        rs = np.empty(500, np.int32)
+        comm.reduce_scatter(np.arange(500 * n, dtype=np.int32), rs)
+        np.testing.assert_array_equal(rs, n * np.arange(500 * rank, 500 * (rank + 1)))
+
+        b = np.full(7777, rank, np.uint8)
+        comm.broadcast(b, root=n - 1)
+        assert (b == n - 1).all()
+
+        t = np.arange(3 * n, dtype=np.float16).reshape(n, 3) + rank
+        a2a = np.empty_like(t)
+        comm.all_to_all(t, a2a)
+        for j in range(n):
+            np.testing.assert_array_equal(a2a[j], np.arange(3 * rank, 3 * rank + 3) + j)
+
+        red = np.ones(64, np.float32)
+        comm.reduce(red, root=0)
+        if rank == 0:
+            assert (red == n).all()
+        gat = np.zeros(n * 4, np.int32)
+        comm.gather(np.full(4, rank, np.int32), gat, root=0)
+        if rank == 0:
+            np.testing.assert_array_equal(gat, np.repeat(np.arange(n), 4))
+        sc = np.empty(4, np.int32)
+        comm.scatter(np.arange(4 * n, dtype=np.int32), sc, root=0)
+        np.testing.assert_array_equal(sc, np.arange(4 * rank, 4 * rank + 4))
+
+        # Pool-resident arrays go in place.
+        z = comm.array(1 << 18, "float32")
+        z[:] = rank
+        zo = comm.array(1 << 18, "float32")
+        comm.all_reduce(z, out=zo)
+        assert (zo == n * (n - 1) / 2).all()
+
+        # Point to point around a ring.
+        nxt, prv = (rank + 1) % n, (rank - 1) % n
+        msg = np.full(200_000, rank, np.int32)
+        got = np.empty_like(msg)
+        if rank % 2 == 0:
+            comm.send(msg, nxt)
+            comm.recv(got, prv)
+        else:
+            comm.recv(got, prv)
+            comm.send(msg, nxt)
+        assert (got == prv).all()
+        comm.barrier()
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_collective_matches_numpy(uri, n):
+    run_ranks(n, _collectives, uri)
+
+
+def _mismatch(rank, n, uri):
+    with cxlrt.Host(uri) as host:
+        comm = host.communicator("bad", n, rank, timeout=20)
+        x = np.ones(10 if rank == 0 else 20, np.float32)
+        with pytest.raises(cxlrt.InvalidArgumentError) as e:
+            comm.all_reduce(x)
+        assert "count=10" in str(e.value) and "count=20" in str(e.value)
+        with pytest.raises(cxlrt.FailedPreconditionError):
+            comm.barrier()
+        comm.destroy()
+
+
+def test_a_mismatched_call_raises_on_every_rank(uri):
+    run_ranks(2, _mismatch, uri)
+
+
+def _gil(rank, n, uri):
+    with cxlrt.Host(uri) as host, host.communicator("gil", n, rank) as comm:
+        if rank == 1:
+            time.sleep(1.0)  # rank 0 waits in the call meanwhile
+        ticks = [0]
+        stop = threading.Event()
+
+        def count():
+            while not stop.is_set():
+                ticks[0] += 1
+                time.sleep(0.001)
+
+        t = threading.Thread(target=count)
+        t.start()
+        comm.all_reduce(np.ones(8, np.float32))
+        stop.set()
+        t.join()
+        if rank == 0:
+            # A thread that ran while the call waited: the GIL was released.
+            assert ticks[0] > 100, ticks[0]
+
+
+def test_a_waiting_call_releases_the_gil(uri):
+    run_ranks(2, _gil, uri)
+
+
+def test_bad_arguments_raise_before_any_wait(uri):
+    with cxlrt.Host(uri) as host:
+        comm = host.communicator("solo", 1, 0)
+        with pytest.raises(cxlrt.InvalidArgumentError):
+            comm.all_reduce(np.ones(4, np.complex64))
+        with pytest.raises(cxlrt.InvalidArgumentError):
+            comm.all_reduce(np.ones((4, 4), np.float32)[:, 1])
+        with pytest.raises(cxlrt.InvalidArgumentError):
+            comm.broadcast(np.ones(4, np.float32), root=3)
+        x = np.arange(5, dtype=np.float64)
+        comm.all_reduce(x)  # one rank: unchanged
+        np.testing.assert_array_equal(x, np.arange(5))
+        comm.destroy()
+
+
+def _handoff(rank, n, uri):
+    """Prefill (rank 0) puts a chain of KV blocks; decode (rank 1) finds the
+    prefix, pins it, and reads it into its own buffers."""
+    with cxlrt.Host(uri) as host, host.communicator("kv", n, rank) as comm:
+        if rank == 0:
+            store = host.store(create=True)
+        comm.barrier()
+        if rank != 0:
+            store = host.store()
+        blocks = [np.full(16384, i, np.uint8) for i in range(8)]
+        chain = [f"blk-{i}" for i in range(8)]
+        if rank == 0:
+            errs = store.batch_put("model-a", chain[:6], blocks[:6])
+            assert errs == [None] * 6
+            with pytest.raises(cxlrt.AlreadyExistsError):
+                store.put("model-a", chain[0], blocks[0])
+        comm.barrier()
+        if rank == 1:
+            with store.lookup("model-a", chain) as pins:
+                assert pins.length == 6 and len(pins) == 6
+                outs = [np.empty(16384, np.uint8) for _ in range(7)]
+                got = store.batch_get_into("model-a", chain[:7], outs)
+                assert got[:6] == [16384] * 6
+                assert isinstance(got[6], cxlrt.NotFoundError)
+                for i in range(6):
+                    assert (outs[i] == i).all()
+            assert store.get("model-a", "blk-2") == bytes(blocks[2])
+            assert not store.contains("model-b", "blk-2")
+            stats = store.stats()
+            assert stats["namespaces"]["model-a"]["entries"] == 6
+        comm.barrier()
+        store.close()
+
+
+def test_kv_handoff_between_processes(uri):
+    run_ranks(2, _handoff, uri)
+
+
+def test_kv_quota_and_errors(uri):
+    with cxlrt.Host(uri) as host:
+        store = host.store(create=True)
+        store.set_quota("q", 10_000)
+        with pytest.raises(cxlrt.InvalidArgumentError):
+            store.put("q", "big", np.zeros(20_000, np.uint8))
+        store.put("q", b"\x00\x01raw", b"hello")
+        assert store.get("q", b"\x00\x01raw") == b"hello"
+        small = bytearray(2)
+        with pytest.raises(cxlrt.InvalidArgumentError):
+            store.get_into("q", b"\x00\x01raw", small)
+        with pytest.raises(cxlrt.NotFoundError):
+            store.get("q", "missing")
+        store.delete("q", b"\x00\x01raw")
+        assert not store.contains("q", b"\x00\x01raw")
+        store.close()
