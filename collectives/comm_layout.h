@@ -98,14 +98,19 @@ struct PostLayout {
 };
 static_assert(sizeof(PostLayout) == 128);
 
+// Lines come in 128-byte pairs that the adjacent-line prefetcher moves
+// together (DESIGN.md: 128 B between flags): every post fills one pair and
+// `done` has a pair to itself, so a peer reading one post or the done
+// counter does not pull in a line this rank is writing for another.
 struct RankLayout {
   JoinLayout join;  // line 0
   RingLayout ring;  // line 1
   uint64_t done;    // line 2: the last post whose peers' bytes this rank has read
-  uint8_t pad[56];
-  PostLayout post[kMaxDepth];  // post s in post[s % depth]
+  uint8_t pad[120];
+  PostLayout post[kMaxDepth];  // post s in post[s % depth]; lines 4..
 };
-static_assert(sizeof(RankLayout) == 3 * 64 + kMaxDepth * 128);
+static_assert(sizeof(RankLayout) == 4 * 64 + kMaxDepth * 128);
+static_assert(sizeof(RankLayout) % 128 == 0 && offsetof(RankLayout, post) % 128 == 0);
 
 // Point-to-point channel s -> d: one buffer, one chunk in flight.
 struct P2pLayout {

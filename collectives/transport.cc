@@ -27,7 +27,8 @@ Transport::Transport(Setup setup)
       rings_(std::move(setup.rings)),
       watch_(setup.watch),
       spins_(setup.spins),
-      posts_(size_t(setup.nranks) * setup.depth) {}
+      posts_(size_t(setup.nranks) * setup.depth),
+      peer_done_(setup.nranks, 0) {}
 
 void Transport::BeginCall(const CallDesc& desc, absl::Time deadline, CopyEngine* engine) {
   desc_ = desc;
@@ -108,20 +109,38 @@ absl::Status Transport::Publish(uint64_t s, const Bytes& bytes, bool in_place,
   p.in_place = in_place;
   p.bytes = bytes;
   p.after = std::move(after);
-  pending_.push_back(std::move(p));
-  return Progress(0);
+  return Enqueue(std::move(p));
 }
 
 absl::Status Transport::PublishInline(uint64_t s, const void* bytes, size_t len, size_t stride) {
+  PostLayout post = {};
+  post.instance = instance_;
+  post.desc = desc_;
+  post.len = len;
+  post.stride = stride;
+  if (len) std::memcpy(post.inline_bytes, bytes, len);
+  if (pending_.empty()) {  // the common case: no copy behind it is in flight
+    PublishLine(s, post);
+    return absl::OkStatus();
+  }
   Pending p;
   p.s = s;
-  p.post = {};
-  p.post.instance = instance_;
-  p.post.desc = desc_;
-  p.post.len = len;
-  p.post.stride = stride;
-  if (len) std::memcpy(p.post.inline_bytes, bytes, len);
+  p.post = post;
   p.in_place = false;
+  return Enqueue(std::move(p));
+}
+
+absl::Status Transport::Enqueue(Pending&& p) {
+  // The common case (a CPU engine, nothing queued): publish at once,
+  // without the queue.
+  if (pending_.empty()) {
+    bool complete = true;
+    for (CopyEngine::Ticket t : p.after) complete = complete && (t == 0 || engine_->Poll(t));
+    if (complete) {
+      PublishPost(p);
+      return absl::OkStatus();
+    }
+  }
   pending_.push_back(std::move(p));
   return Progress(0);
 }
@@ -156,15 +175,19 @@ void Transport::PublishPost(const Pending& p) {
       c_.Flush(p.bytes.data + j * p.bytes.stride, p.bytes.piece_len);
     }
   }
-  const PoolOffset line = PostAt(rank_, p.s);
+  PublishLine(p.s, p.post);
+}
+
+void Transport::PublishLine(uint64_t s, const PostLayout& post) {
+  const PoolOffset line = PostAt(rank_, s);
   // Bytes after the flag word; Publish drops a stale copy of the flag line
   // first (the block may be a reused one), so the whole-line write-back
   // carries the pool's flag, not one of a previous instance.
-  c_.Publish(line + sizeof(uint64_t), reinterpret_cast<const uint8_t*>(&p.post) + sizeof(uint64_t),
+  c_.Publish(line + sizeof(uint64_t), reinterpret_cast<const uint8_t*>(&post) + sizeof(uint64_t),
              sizeof(PostLayout) - sizeof(uint64_t));
   CXLRT_FAULT_POINT("coll.round.posted");
-  c_.StoreFlag(line, p.s);
-  published_ = p.s;
+  c_.StoreFlag(line, s);
+  published_ = s;
 }
 
 absl::Status Transport::CheckPost(int j, uint64_t s) {
@@ -252,9 +275,18 @@ void Transport::Done(uint64_t s) {
 absl::Status Transport::AwaitPeersDone(uint64_t s) {
   for (int j = 0; j < nranks_; ++j) {
     if (j == rank_) continue;
+    // A done counter only grows: a value seen before that suffices saves
+    // loading a line the peer writes every post (a miss across cores).
+    if (peer_done_[j] >= s) continue;
     const PoolOffset done = DoneAt(j);
-    if (c_.LoadFlag(done) >= s) continue;
-    absl::Status w = Await([&] { return c_.LoadFlag(done) >= s; }, "to read this rank's posts");
+    peer_done_[j] = c_.LoadFlag(done);
+    if (peer_done_[j] >= s) continue;
+    absl::Status w = Await(
+        [&] {
+          peer_done_[j] = c_.LoadFlag(done);
+          return peer_done_[j] >= s;
+        },
+        "to read this rank's posts");
     if (!w.ok()) return failed_.ok() ? WaitFailed(w, j, "to read this rank's posts") : failed_;
   }
   return absl::OkStatus();

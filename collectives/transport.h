@@ -146,7 +146,12 @@ class Transport {
   // Publishes pending posts whose tickets have completed, in order; waits
   // for the tickets of those numbered up to `through` (0: none).
   absl::Status Progress(uint64_t through);
+  // Publishes `p` now when nothing is queued and its tickets completed,
+  // else queues it.
+  absl::Status Enqueue(Pending&& p);
   void PublishPost(const Pending& p);
+  // The post line of post `s`, then its number.
+  void PublishLine(uint64_t s, const PostLayout& post);
   absl::Status CheckPost(int j, uint64_t s);
   // Runs a wait of the protocol: progresses pending posts while it waits.
   template <typename Ready>
@@ -172,7 +177,8 @@ class Transport {
   uint64_t done_ = 0;       // last post number read
   uint64_t call_first_ = 1;
   std::deque<Pending> pending_;
-  std::vector<PostLayout> posts_;  // [j * depth + s % depth]: peers' posts as read
+  std::vector<PostLayout> posts_;    // [j * depth + s % depth]: peers' posts as read
+  std::vector<uint64_t> peer_done_;  // each peer's done counter as last loaded
   absl::Status failed_;
 };
 

@@ -21,6 +21,7 @@ absl::Status OneShot(Call& c, const uint8_t* in, uint8_t* out, size_t count, Red
   const size_t chunks = Chunks(bytes, chunk);
   const uint64_t base = c.t.staged();
   std::vector<const void*> srcs(n);
+  std::vector<CopyEngine::Ticket> tickets;
   auto post = [&](size_t i) -> absl::Status {
     const size_t at = i * chunk, len = std::min(chunk, bytes - at);
     CXLRT_ASSIGN_OR_RETURN(uint64_t s, c.t.Stage());
@@ -37,8 +38,7 @@ absl::Status OneShot(Call& c, const uint8_t* in, uint8_t* out, size_t count, Red
         CXLRT_ASSIGN_OR_RETURN(srcs[j], c.t.PeerBytes(j, s, 0, len));
       }
     }
-    std::vector<CopyEngine::Ticket> tickets = {
-        c.e.Reduce(c.type, op, out + at, srcs.data(), n, len / c.es, n)};
+    tickets.push_back(c.e.Reduce(c.type, op, out + at, srcs.data(), n, len / c.es, n));
     CXLRT_RETURN_IF_ERROR(WaitAll(c, tickets));
     c.t.Done(s);
     return absl::OkStatus();
