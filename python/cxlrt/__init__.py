@@ -256,6 +256,14 @@ class Communicator:
         return x
 
 
+def _buffers(items: Sequence) -> Sequence:
+    """The items themselves when they have the buffer protocol (numpy,
+    bytes, PoolBuffer: checked in C++), else their array views (tensors)."""
+    if items and type(items[0]).__module__.startswith("torch"):
+        return [_view(x, "uint8")[0] for x in items]
+    return items
+
+
 def _key(k) -> bytes:
     return k.encode() if isinstance(k, str) else bytes(k)
 
@@ -296,14 +304,13 @@ class Store:
         return self._s.contains(ns, _key(key))
 
     def batch_put(self, ns: str, keys: Sequence, values: Sequence) -> list:
-        """One entry per item: None, or the Error of that item."""
-        return self._s.batch_put(ns, [_key(k) for k in keys],
-                                 [_view(v, "uint8")[0] for v in values])
+        """One entry per item: None, or the Error of that item. Keys are str
+        or bytes; values anything with the buffer protocol, or tensors."""
+        return self._s.batch_put(ns, keys, _buffers(values))
 
     def batch_get_into(self, ns: str, keys: Sequence, outs: Sequence) -> list:
         """One entry per item: the value's size, or the Error of that item."""
-        return self._s.batch_get_into(ns, [_key(k) for k in keys],
-                                      [_view(o, "uint8")[0] for o in outs])
+        return self._s.batch_get_into(ns, keys, _buffers(outs))
 
     @contextmanager
     def lookup(self, ns: str, chain: Sequence) -> Iterator[Pins]:

@@ -19,6 +19,7 @@
 #include "allocator/allocator.h"
 #include "collectives/communicator.h"
 #include "kv/store.h"
+#include "runtime/coherence.h"
 #include "runtime/membership.h"
 #include "runtime/pool.h"
 
@@ -287,6 +288,59 @@ struct PyPins {
   }
 };
 
+// The buffers and keys of a batch call, borrowed from the caller's
+// sequences for the length of the call (no copies): keys are bytes or str,
+// values anything with the buffer protocol, contiguous.
+class BatchArgs {
+ public:
+  BatchArgs(const py::sequence& keys, const py::sequence& bufs, bool writable) {
+    const size_t n = keys.size();
+    if (bufs.size() != n) {
+      throw StatusError{absl::InvalidArgumentError(
+          absl::StrCat(n, " keys but ", bufs.size(), " buffers"))};
+    }
+    keys_ = keys;
+    bufs_ = bufs;
+    views_.reserve(n);
+    keyviews_.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      PyObject* k = PySequence_Fast_GET_ITEM(keys_.ptr(), i);
+      char* data = nullptr;
+      Py_ssize_t len = 0;
+      if (PyBytes_Check(k)) {
+        PyBytes_AsStringAndSize(k, &data, &len);
+      } else if (PyUnicode_Check(k)) {
+        data = const_cast<char*>(PyUnicode_AsUTF8AndSize(k, &len));
+        if (!data) throw py::error_already_set();
+      } else {
+        throw StatusError{absl::InvalidArgumentError(absl::StrCat("key ", i, " is not bytes or str"))};
+      }
+      keyviews_.emplace_back(data, static_cast<size_t>(len));
+      Py_buffer view;
+      PyObject* b = PySequence_Fast_GET_ITEM(bufs_.ptr(), i);
+      if (PyObject_GetBuffer(b, &view, writable ? PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS
+                                                : PyBUF_C_CONTIGUOUS) != 0) {
+        PyErr_Clear();
+        throw StatusError{absl::InvalidArgumentError(absl::StrCat(
+            "buffer ", i, " is not a contiguous", writable ? ", writable" : "", " buffer"))};
+      }
+      views_.push_back(view);
+    }
+  }
+  ~BatchArgs() {
+    for (Py_buffer& v : views_) PyBuffer_Release(&v);
+  }
+  size_t size() const { return views_.size(); }
+  absl::string_view key(size_t i) const { return keyviews_[i]; }
+  void* data(size_t i) const { return views_[i].buf; }
+  size_t bytes(size_t i) const { return static_cast<size_t>(views_[i].len); }
+
+ private:
+  py::object keys_, bufs_;  // PySequence_Fast: lists or tuples, kept alive
+  std::vector<Py_buffer> views_;
+  std::vector<absl::string_view> keyviews_;
+};
+
 py::object StatusToPy(const absl::Status& s) {
   if (s.ok()) return py::none();
   const int c = static_cast<int>(s.code());
@@ -540,54 +594,40 @@ PYBIND11_MODULE(_cxlrt, m) {
           py::arg("ns"), py::arg("key"))
       .def(
           "batch_put",
-          [](PyStore& st, const std::string& ns, const std::vector<py::bytes>& keys,
-             const std::vector<py::buffer>& values) {
-            if (keys.size() != values.size()) {
-              throw StatusError{absl::InvalidArgumentError("keys and values differ in length")};
-            }
-            std::vector<std::string> k(keys.begin(), keys.end());
-            std::vector<kv::PutItem> items(k.size());
-            for (size_t i = 0; i < k.size(); ++i) {
-              const Span v = SpanOf(values[i], false);
-              items[i] = {k[i], v.p, v.bytes};
-            }
+          [](PyStore& st, const std::string& ns, py::object keys, py::object values) {
+            BatchArgs a(py::reinterpret_steal<py::sequence>(PySequence_Fast(keys.ptr(), "keys")),
+                        py::reinterpret_steal<py::sequence>(PySequence_Fast(values.ptr(), "values")),
+                        false);
+            std::vector<kv::PutItem> items(a.size());
+            for (size_t i = 0; i < a.size(); ++i) items[i] = {a.key(i), a.data(i), a.bytes(i)};
             kv::Store& s = st.s();
             std::vector<absl::Status> r;
             {
               py::gil_scoped_release nogil;
               r = s.BatchPut(ns, items);
             }
-            py::list out;
-            for (const absl::Status& x : r) out.append(StatusToPy(x));
+            py::list out(r.size());
+            for (size_t i = 0; i < r.size(); ++i) out[i] = StatusToPy(r[i]);
             return out;
           },
           py::arg("ns"), py::arg("keys"), py::arg("values"))
       .def(
           "batch_get_into",
-          [](PyStore& st, const std::string& ns, const std::vector<py::bytes>& keys,
-             const std::vector<py::buffer>& outs) {
-            if (keys.size() != outs.size()) {
-              throw StatusError{absl::InvalidArgumentError("keys and buffers differ in length")};
-            }
-            std::vector<std::string> k(keys.begin(), keys.end());
-            std::vector<kv::GetItem> items(k.size());
-            for (size_t i = 0; i < k.size(); ++i) {
-              const Span o = SpanOf(outs[i], true);
-              items[i] = {k[i], o.p, o.bytes};
-            }
+          [](PyStore& st, const std::string& ns, py::object keys, py::object outs) {
+            BatchArgs a(py::reinterpret_steal<py::sequence>(PySequence_Fast(keys.ptr(), "keys")),
+                        py::reinterpret_steal<py::sequence>(PySequence_Fast(outs.ptr(), "outs")),
+                        true);
+            std::vector<kv::GetItem> items(a.size());
+            for (size_t i = 0; i < a.size(); ++i) items[i] = {a.key(i), a.data(i), a.bytes(i)};
             kv::Store& s = st.s();
             std::vector<absl::StatusOr<size_t>> r;
             {
               py::gil_scoped_release nogil;
               r = s.BatchGet(ns, items);
             }
-            py::list out;
-            for (const auto& x : r) {
-              if (x.ok()) {
-                out.append(py::int_(*x));
-              } else {
-                out.append(StatusToPy(x.status()));
-              }
+            py::list out(r.size());
+            for (size_t i = 0; i < r.size(); ++i) {
+              out[i] = r[i].ok() ? py::object(py::int_(*r[i])) : StatusToPy(r[i].status());
             }
             return out;
           },
@@ -634,6 +674,51 @@ PYBIND11_MODULE(_cxlrt, m) {
             Check(r);
           },
           py::arg("ns"), py::arg("nbytes"))
+      .def(
+          "time_batches",
+          [](PyStore& st, const std::string& ns, const std::vector<std::vector<py::bytes>>& batches,
+             const std::vector<py::buffer>& bufs, bool put) {
+            // The same batches as the Python API would run, looped in C++:
+            // what the binding costs is the difference (python -m cxlrt.bench).
+            std::vector<std::vector<std::string>> keys;
+            for (const auto& b : batches) keys.emplace_back(b.begin(), b.end());
+            std::vector<Span> spans;
+            for (const py::buffer& b : bufs) spans.push_back(SpanOf(b, !put));
+            kv::Store& s = st.s();
+            size_t failed = 0;
+            int64_t ns_total = 0;
+            {
+              py::gil_scoped_release nogil;
+              const int64_t t0 = runtime::NowNs();
+              for (const auto& batch : keys) {
+                if (batch.size() > spans.size()) {
+                  ++failed;
+                  continue;
+                }
+                if (put) {
+                  std::vector<kv::PutItem> items(batch.size());
+                  for (size_t i = 0; i < batch.size(); ++i) {
+                    items[i] = {batch[i], spans[i].p, spans[i].bytes};
+                  }
+                  for (const absl::Status& r : s.BatchPut(ns, items)) failed += !r.ok();
+                } else {
+                  std::vector<kv::GetItem> items(batch.size());
+                  for (size_t i = 0; i < batch.size(); ++i) {
+                    items[i] = {batch[i], spans[i].p, spans[i].bytes};
+                  }
+                  for (const auto& r : s.BatchGet(ns, items)) failed += !r.ok();
+                }
+              }
+              ns_total = runtime::NowNs() - t0;
+            }
+            if (failed) {
+              throw StatusError{absl::InternalError(absl::StrCat(failed, " items failed"))};
+            }
+            return static_cast<double>(ns_total) / 1e9;
+          },
+          py::arg("ns"), py::arg("batches"), py::arg("bufs"), py::arg("put"),
+          "Seconds to run `batches` of BatchPut (put) or BatchGet in C++, item i of a batch "
+          "from / into bufs[i].")
       .def("stats", [](PyStore& st) {
         kv::Store& s = st.s();
         absl::StatusOr<kv::StoreStats> r;

@@ -3,6 +3,7 @@ forked processes (results against numpy), the KV store, errors, and the
 GIL released while a call waits. Run by ctest (python_test) with
 PYTHONPATH at the build tree's python/."""
 
+import json
 import multiprocessing as mp
 import os
 import threading
@@ -268,4 +269,29 @@ def test_kv_quota_and_errors(uri):
             store.get("q", "missing")
         store.delete("q", b"\x00\x01raw")
         assert not store.contains("q", b"\x00\x01raw")
+        store.close()
+
+
+def test_the_binding_benchmark_runs_and_reports_both_paths(capsys):
+    from cxlrt import bench
+
+    assert bench.main(["kv", "--block", "16K", "--batch", "4", "--reps", "1", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert row["block"] == 16384
+    for k in ("cpp_put_gbps", "python_put_gbps", "cpp_get_gbps", "python_get_gbps"):
+        assert row[k] > 0, row
+
+
+def test_batches_take_str_keys_and_refuse_bad_buffers(uri):
+    with cxlrt.Host(uri) as host:
+        store = host.store(create=True)
+        assert store.batch_put("ns", ["a", b"b"], [b"1", np.ones(3, np.uint8)]) == [None, None]
+        out = [bytearray(1), np.zeros(3, np.uint8)]
+        assert store.batch_get_into("ns", ["a", "b"], out) == [1, 3]
+        with pytest.raises(cxlrt.InvalidArgumentError):
+            store.batch_get_into("ns", ["a"], [b"read-only"])
+        with pytest.raises(cxlrt.InvalidArgumentError):
+            store.batch_put("ns", ["x", "y"], [b"1"])
+        with pytest.raises(cxlrt.InvalidArgumentError):
+            store.batch_put("ns", [3], [b"1"])
         store.close()
