@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Installs every build and test dependency of cxlrt from Debian 12 packages.
-# Idempotent: packages already present are skipped, so a second run is quick.
-# Must run as root (or with sudo available). Downloads nothing but Debian packages.
+# Installs every build and test dependency of cxlrt: Debian 12 packages
+# (apt-get), and into the project's venv (.venv, made here with access to
+# Debian's Python packages) the PyPI packages the Python side's tests need:
+# torch, for the torch.distributed backend. Idempotent: what is present is
+# skipped, so a second run is quick. Must run as root (or with sudo).
+# Downloads nothing but Debian and PyPI packages.
 set -euo pipefail
 
 PACKAGES=(
@@ -15,7 +18,7 @@ PACKAGES=(
   libpmem2-dev
   libcli11-dev
   nlohmann-json3-dev
-  python3 python3-dev pybind11-dev python3-numpy python3-pytest
+  python3 python3-dev python3-venv pybind11-dev python3-numpy python3-pytest
   spin
   clang libclang-rt-14-dev llvm
 )
@@ -29,17 +32,29 @@ done
 
 if ((${#missing[@]} == 0)); then
   echo "install-deps: all ${#PACKAGES[@]} packages present"
-  exit 0
-fi
-
-SUDO=""
-if [[ $(id -u) -ne 0 ]]; then
-  if command -v sudo >/dev/null; then SUDO=sudo; else
-    echo "install-deps: need root to install: ${missing[*]}" >&2; exit 1
+else
+  SUDO=""
+  if [[ $(id -u) -ne 0 ]]; then
+    if command -v sudo >/dev/null; then SUDO=sudo; else
+      echo "install-deps: need root to install: ${missing[*]}" >&2; exit 1
+    fi
   fi
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-echo "install-deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# The project's venv, on Debian's interpreter (the one the extension is
+# built for) and seeing its packages (numpy, pytest); torch from PyPI
+# (the standard wheel, about 5.5 GB with its CUDA libraries; runs on CPU).
+TORCH_VERSION=2.15.0
+VENV="$(cd "$(dirname "$0")/.." && pwd)/.venv"
+if [[ ! -x "$VENV/bin/python" ]]; then
+  /usr/bin/python3 -m venv --system-site-packages "$VENV"
+fi
+if [[ "$("$VENV/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" \
+      != "$TORCH_VERSION" ]]; then
+  echo "install-deps: installing torch $TORCH_VERSION into $VENV (PyPI)"
+  "$VENV/bin/pip" install -q --disable-pip-version-check "torch==$TORCH_VERSION"
+fi

@@ -1,0 +1,1 @@
+// Empty: libcxlrt.so is the static libraries, whole.
