@@ -1,5 +1,7 @@
 #include "emulation/simulated_coherence.h"
 
+#include <execinfo.h>
+
 #include <array>
 #include <atomic>
 #include <cstdio>
@@ -199,6 +201,9 @@ class SimulatedCoherence final : public runtime::Coherence {
                  static_cast<unsigned long long>(line * kCacheLine), word,
                  static_cast<unsigned long long>(now),
                  static_cast<unsigned long long>(l.words[word]));
+    // Where: the write-back's caller is the protocol to fix.
+    void* frames[32];
+    backtrace_symbols_fd(frames, backtrace(frames, 32), 2);
     std::abort();
   }
 
