@@ -8,7 +8,7 @@
 set -euo pipefail
 
 PACKAGES=(
-  build-essential cmake pkg-config git
+  build-essential cmake pkg-config git ninja-build
   libabsl-dev
   libgtest-dev libgmock-dev googletest
   libbenchmark-dev
