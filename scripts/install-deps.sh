@@ -58,3 +58,16 @@ if [[ "$("$VENV/bin/python" -c 'import torch; print(torch.__version__.split("+")
   echo "install-deps: installing torch $TORCH_VERSION into $VENV (PyPI)"
   "$VENV/bin/pip" install -q --disable-pip-version-check "torch==$TORCH_VERSION"
 fi
+# SGLang, for the HiCache connector's tests through its own backend factory:
+# without its dependencies (its GPU kernels and model stack), plus the pure
+# Python ones its storage modules import.
+SGLANG_VERSION=0.5.23
+if [[ "$("$VENV/bin/python" -c 'import sglang.version as v; print(v.__version__)' 2>/dev/null)" \
+      != "$SGLANG_VERSION" ]]; then
+  echo "install-deps: installing sglang $SGLANG_VERSION into $VENV (PyPI, without its dependencies)"
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps "sglang==$SGLANG_VERSION"
+fi
+if ! "$VENV/bin/python" -c 'import sglang.srt.mem_cache.storage.backend_factory' 2>/dev/null; then
+  "$VENV/bin/pip" install -q --disable-pip-version-check orjson pybase64 starlette msgspec \
+    pydantic pyzmq tqdm ipython aiohttp
+fi

@@ -105,13 +105,16 @@ class Host:
             if not pool:
                 raise InvalidArgumentError("no pool given and CXLRT_POOL is not set")
         if isinstance(pool, str):
-            if create:
+            uri = pool
+            try:
+                pool = Pool.open(uri)
+            except NotFoundError:
+                if not create:
+                    raise
                 try:
-                    pool = Pool.create(pool)
-                except AlreadyExistsError:
-                    pool = Pool.open(pool)
-            else:
-                pool = Pool.open(pool)
+                    pool = Pool.create(uri)
+                except AlreadyExistsError:  # another process made it meanwhile
+                    pool = Pool.open(uri)
         self.pool = pool
         self._host = _cxlrt.Host(pool, slot, host_id)
 

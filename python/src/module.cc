@@ -633,6 +633,57 @@ PYBIND11_MODULE(_cxlrt, m) {
           },
           py::arg("ns"), py::arg("keys"), py::arg("outs"))
       .def(
+          "batch_put_ptrs",
+          [](PyStore& st, const std::string& ns, const std::vector<py::bytes>& keys,
+             const std::vector<uintptr_t>& ptrs, const std::vector<size_t>& sizes) {
+            // Zero-copy for frameworks that hand out raw addresses of
+            // registered host memory (SGLang's get_page_buffer_meta): the
+            // caller guarantees each [ptr, ptr+size) stays valid for the call.
+            if (keys.size() != ptrs.size() || keys.size() != sizes.size()) {
+              throw StatusError{absl::InvalidArgumentError("keys, ptrs and sizes differ in length")};
+            }
+            std::vector<std::string> k(keys.begin(), keys.end());
+            std::vector<kv::PutItem> items(k.size());
+            for (size_t i = 0; i < k.size(); ++i) {
+              items[i] = {k[i], reinterpret_cast<const void*>(ptrs[i]), sizes[i]};
+            }
+            kv::Store& s = st.s();
+            std::vector<absl::Status> r;
+            {
+              py::gil_scoped_release nogil;
+              r = s.BatchPut(ns, items);
+            }
+            py::list out(r.size());
+            for (size_t i = 0; i < r.size(); ++i) out[i] = StatusToPy(r[i]);
+            return out;
+          },
+          py::arg("ns"), py::arg("keys"), py::arg("ptrs"), py::arg("sizes"))
+      .def(
+          "batch_get_ptrs",
+          [](PyStore& st, const std::string& ns, const std::vector<py::bytes>& keys,
+             const std::vector<uintptr_t>& ptrs, const std::vector<size_t>& sizes) {
+            if (keys.size() != ptrs.size() || keys.size() != sizes.size()) {
+              throw StatusError{absl::InvalidArgumentError("keys, ptrs and sizes differ in length")};
+            }
+            std::vector<std::string> k(keys.begin(), keys.end());
+            std::vector<kv::GetItem> items(k.size());
+            for (size_t i = 0; i < k.size(); ++i) {
+              items[i] = {k[i], reinterpret_cast<void*>(ptrs[i]), sizes[i]};
+            }
+            kv::Store& s = st.s();
+            std::vector<absl::StatusOr<size_t>> r;
+            {
+              py::gil_scoped_release nogil;
+              r = s.BatchGet(ns, items);
+            }
+            py::list out(r.size());
+            for (size_t i = 0; i < r.size(); ++i) {
+              out[i] = r[i].ok() ? py::object(py::int_(*r[i])) : StatusToPy(r[i].status());
+            }
+            return out;
+          },
+          py::arg("ns"), py::arg("keys"), py::arg("ptrs"), py::arg("sizes"))
+      .def(
           "lookup",
           [](std::shared_ptr<PyStore> st, const std::string& ns,
              const std::vector<py::bytes>& chain) {

@@ -1,0 +1,174 @@
+"""SGLang HiCache storage backend over the cxlrt KV store.
+
+Load it with SGLang's dynamic backend:
+
+    --hicache-storage-backend dynamic
+    --hicache-storage-backend-extra-config '{"backend_name": "cxlrt",
+        "module_path": "cxlrt.connectors.sglang", "class_name": "CxlrtHiCacheStorage",
+        "pool": "dax:///dev/dax0.0"}'
+
+Pages are stored under SGLang's page hashes, in a namespace per model and,
+for non-MLA models, per tensor-parallel shard (each TP rank holds its own
+heads), as SGLang's file backend names them. Values are write-once: a page
+another rank or server already stored counts as stored.
+
+- v1 (zero copy, after `register_mem_pool_host`): `batch_get_v1` /
+  `batch_set_v1` move each page between the host KV pool and the pool by
+  the raw addresses SGLang's `get_page_buffer_meta` gives (one buffer per
+  page, or a k and a v buffer), with no staging copy. A page's buffers are
+  stored as `<hash>.0`, `<hash>.1`; a 1-byte marker under `<hash>` is
+  stored after them, so `exists` never reports a page half written.
+- v0: `get`/`set`/`batch_get`/`batch_set` of tensors, values under `<hash>`.
+- `batch_exists`: the longest prefix present (SGLang's contract).
+
+The pool: `extra_config["pool"]`, else CXLRT_POOL. The store is made when
+the pool has none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from typing import Any, List, Optional
+
+import torch
+from sglang.srt.mem_cache.hicache_storage import (
+    HiCacheStorage,
+    HiCacheStorageConfig,
+    HiCacheStorageExtraInfo,
+)
+
+import cxlrt
+
+logger = logging.getLogger(__name__)
+
+_MARKER = b"\x01"
+
+
+def _namespace(cfg: HiCacheStorageConfig) -> str:
+    model = (cfg.model_name or "").replace("/", "-")
+    ns = f"sglang/{model}"
+    if not cfg.is_mla_model:  # each TP rank stores its own heads
+        ns += f"/tp{cfg.tp_rank}of{cfg.tp_size}"
+    if cfg.pp_size > 1:
+        ns += f"/pp{cfg.pp_rank}of{cfg.pp_size}"
+    if getattr(cfg, "attn_cp_size", 1) > 1:
+        ns += f"/cp{cfg.attn_cp_rank}of{cfg.attn_cp_size}"
+    if len(ns) > 200:  # the store's namespace names are bounded
+        ns = "sglang/" + hashlib.sha256(ns.encode()).hexdigest()
+    return ns
+
+
+class CxlrtHiCacheStorage(HiCacheStorage):
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None):
+        extra = storage_config.extra_config or {}
+        uri = extra.get("pool") or os.environ.get("CXLRT_POOL")
+        if not uri:
+            raise ValueError("cxlrt HiCache backend: set extra_config['pool'] or CXLRT_POOL")
+        self.config = storage_config
+        self.ns = _namespace(storage_config)
+        self.host = cxlrt.Host(uri, create=True)
+        self.store = self.host.store(create=True)
+        self.mem_pool_host = None
+
+    # --- zero copy (v1) ---
+
+    def register_mem_pool_host(self, mem_pool_host) -> None:
+        super().register_mem_pool_host(mem_pool_host)
+
+    def _page_buffers(self, keys: List[str], host_indices: torch.Tensor):
+        ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
+        if not keys or len(ptrs) % len(keys) or len(ptrs) != len(sizes):
+            raise ValueError(f"{len(ptrs)} page buffers for {len(keys)} pages")
+        per = len(ptrs) // len(keys)
+        names = [f"{k}.{j}".encode() for k in keys for j in range(per)]
+        return per, names, [int(p) for p in ptrs], [int(s) for s in sizes]
+
+    def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor,
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
+        if not keys:
+            return []
+        per, names, ptrs, sizes = self._page_buffers(keys, host_indices)
+        res = self.store._s.batch_put_ptrs(self.ns, names, ptrs, sizes)
+        ok = [all(r is None or isinstance(r, cxlrt.AlreadyExistsError)
+                  for r in res[i * per:(i + 1) * per]) for i in range(len(keys))]
+        done = [k.encode() for k, good in zip(keys, ok) if good]
+        marks = self.store.batch_put(self.ns, done, [_MARKER] * len(done))
+        it = iter(marks)
+        out = []
+        for good in ok:
+            if good:
+                m = next(it)
+                good = m is None or isinstance(m, cxlrt.AlreadyExistsError)
+            out.append(good)
+        return out
+
+    def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor,
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
+        if not keys:
+            return []
+        per, names, ptrs, sizes = self._page_buffers(keys, host_indices)
+        res = self.store._s.batch_get_ptrs(self.ns, names, ptrs, sizes)
+        return [all(isinstance(r, int) and r == sizes[i * per + j]
+                    for j, r in enumerate(res[i * per:(i + 1) * per]))
+                for i in range(len(keys))]
+
+    # --- tensors (v0) ---
+
+    def get(self, key: str, target_location: Optional[Any] = None,
+            target_sizes: Optional[Any] = None) -> torch.Tensor | None:
+        try:
+            if target_location is None:
+                data = self.store.get(self.ns, key)
+                return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            out = target_location.contiguous().view(torch.uint8).view(-1)
+            n = self.store.get_into(self.ns, key, out)
+            if n != out.numel():
+                logger.warning("cxlrt: %s holds %d bytes, the target %d", key, n, out.numel())
+                return None
+            if out.data_ptr() != target_location.data_ptr():
+                target_location.view(torch.uint8).view(-1).copy_(out)
+            return target_location
+        except cxlrt.NotFoundError:
+            return None
+        except cxlrt.InvalidArgumentError as e:  # the target is too small
+            logger.warning("cxlrt: get %s: %s", key, e)
+            return None
+
+    def batch_get(self, keys: List[str], target_locations: Optional[Any] = None,
+                  target_sizes: Optional[Any] = None) -> List[torch.Tensor | None]:
+        locs = target_locations or [None] * len(keys)
+        return [self.get(k, t) for k, t in zip(keys, locs)]
+
+    def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,
+            target_sizes: Optional[Any] = None) -> bool:
+        try:
+            self.store.put(self.ns, key, value.contiguous().view(torch.uint8).view(-1))
+            return True
+        except cxlrt.AlreadyExistsError:
+            return True  # write-once: the page is there
+        except cxlrt.Error as e:
+            logger.warning("cxlrt: set %s: %s", key, e)
+            return False
+
+    def batch_set(self, keys: List[str], values: Optional[Any] = None,
+                  target_locations: Optional[Any] = None,
+                  target_sizes: Optional[Any] = None) -> bool:
+        vals = [v.contiguous().view(torch.uint8).view(-1) for v in values]
+        res = self.store.batch_put(self.ns, keys, vals)
+        return all(r is None or isinstance(r, cxlrt.AlreadyExistsError) for r in res)
+
+    def exists(self, key: str) -> bool:
+        return self.store.contains(self.ns, key)
+
+    def batch_exists(self, keys: List[str],
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
+        with self.store.lookup(self.ns, keys) as pins:
+            return pins.length
+
+    def clear(self) -> None:
+        pass  # write-once entries go by eviction, not by a clear
+
+    def get_stats(self):
+        return self.store.stats()["namespaces"].get(self.ns)

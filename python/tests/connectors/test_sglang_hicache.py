@@ -1,0 +1,124 @@
+"""The cxlrt HiCache storage backend, created by SGLang's own backend
+factory (the "dynamic" backend) and checked through SGLang's HiCacheStorage
+interface: tensor get/set, batch calls, prefix exists, zero-copy
+batch_set_v1 / batch_get_v1 between host-pool pages and the pool, and a
+handoff between two processes. The host KV pool is a stand-in that hands
+out page addresses the way SGLang's page_first pools do
+(get_page_buffer_meta): SGLang's own pools need its model stack
+(transformers) to import. Needs torch and sglang (the project's .venv)."""
+
+import multiprocessing as mp
+import os
+import uuid
+
+import pytest
+import torch
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
+from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+
+import cxlrt
+from cxlrt.connectors.sglang import CxlrtHiCacheStorage
+
+
+def config(uri, tp_rank=0, tp_size=1):
+    return HiCacheStorageConfig(
+        tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0,
+        attn_cp_size=1, is_mla_model=False, enable_storage_metrics=False,
+        is_page_first_layout=True, model_name="org/test-model",
+        extra_config={"backend_name": "cxlrt", "module_path": "cxlrt.connectors.sglang",
+                      "class_name": "CxlrtHiCacheStorage", "pool": uri})
+
+
+def make(uri, **kw):
+    return StorageBackendFactory.create_backend("dynamic", config(uri, **kw), None)
+
+
+class PageFirstHostPool:
+    """SGLang's page_first host pool, as its storage backends see it: page p
+    of `page_size` tokens is one contiguous row; get_page_buffer_meta gives
+    one (address, bytes) per page of the indices (token slots)."""
+
+    def __init__(self, pages, page_size, page_bytes):
+        self.page_size = page_size
+        self.kv_buffer = torch.zeros(pages, page_bytes, dtype=torch.uint8)
+
+    def get_page_buffer_meta(self, indices):
+        rows = (indices[:: self.page_size] // self.page_size).tolist()
+        ptrs = [self.kv_buffer[r].data_ptr() for r in rows]
+        return ptrs, [self.kv_buffer.shape[1]] * len(ptrs)
+
+
+@pytest.fixture
+def uri():
+    u = f"emu://sglang-{os.getpid()}-{uuid.uuid4().hex[:6]}?size=512M"
+    pool = cxlrt.Pool.create(u)
+    yield pool.uri
+    del pool
+    cxlrt.Pool.destroy(u, force=True)
+
+
+def test_the_factory_makes_it_through_sglangs_dynamic_backend(uri):
+    b = make(uri)
+    assert isinstance(b, CxlrtHiCacheStorage) and isinstance(b, HiCacheStorage)
+    assert b.ns == "sglang/org-test-model/tp0of1"
+
+
+def test_tensors_batches_and_prefix_exists(uri):
+    b = make(uri)
+    pages = [torch.full((4, 32), i, dtype=torch.bfloat16) for i in range(6)]
+    keys = [f"h{i}" for i in range(6)]
+    assert b.set(keys[0], pages[0]) and b.set(keys[0], pages[0])  # write-once: still True
+    assert b.batch_set(keys[1:4], pages[1:4])
+    assert b.exists("h2") and not b.exists("h5")
+    assert b.batch_exists(keys) == 4
+    out = torch.empty(4, 32, dtype=torch.bfloat16)
+    assert b.get("h3", out) is out and torch.equal(out, pages[3])
+    got = b.batch_get(keys[:5], [torch.empty(4, 32, dtype=torch.bfloat16) for _ in range(5)])
+    assert all(torch.equal(got[i], pages[i]) for i in range(4)) and got[4] is None
+    assert b.get("h1", torch.empty(8, dtype=torch.uint8)) is None  # too small: a miss
+    assert b.get_stats()["entries"] == 4
+
+
+def test_zero_copy_pages_round_trip(uri):
+    b = make(uri)
+    host = PageFirstHostPool(pages=16, page_size=4, page_bytes=8192)
+    b.register_mem_pool_host(host)
+    for p in range(16):
+        host.kv_buffer[p] = p
+    keys = [f"z{i}" for i in range(5)]
+    idx = torch.arange(4 * 3, 4 * 8)  # pages 3..7
+    assert b.batch_set_v1(keys, idx) == [True] * 5
+    assert b.batch_set_v1(keys[:2], idx[:8]) == [True, True]  # already there
+    assert b.batch_exists(keys + ["z-missing"]) == 5
+    host.kv_buffer.zero_()
+    back = torch.arange(4 * 10, 4 * 15)  # into pages 10..14
+    assert b.batch_get_v1(keys, back) == [True] * 5
+    for i in range(5):
+        assert (host.kv_buffer[10 + i] == 3 + i).all()
+    assert b.batch_get_v1(["z-missing"], torch.arange(4)) == [False]
+
+
+def _writer(uri, q):
+    b = make(uri, tp_rank=1, tp_size=2)
+    host = PageFirstHostPool(pages=4, page_size=2, page_bytes=4096)
+    b.register_mem_pool_host(host)
+    for p in range(4):
+        host.kv_buffer[p] = 100 + p
+    q.put(b.batch_set_v1(["p0", "p1", "p2", "p3"], torch.arange(8)))
+
+
+def test_a_second_server_reads_what_the_first_stored(uri):
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    w = ctx.Process(target=_writer, args=(uri, q))
+    w.start()
+    assert q.get(timeout=60) == [True] * 4
+    w.join(30)
+    b = make(uri, tp_rank=1, tp_size=2)  # the same shard on another server
+    host = PageFirstHostPool(pages=4, page_size=2, page_bytes=4096)
+    b.register_mem_pool_host(host)
+    assert b.batch_exists(["p0", "p1", "p2", "p3"]) == 4
+    assert b.batch_get_v1(["p0", "p1", "p2", "p3"], torch.arange(8)) == [True] * 4
+    assert all((host.kv_buffer[p] == 100 + p).all() for p in range(4))
+    other = make(uri, tp_rank=0, tp_size=2)  # another shard: nothing of shard 1
+    assert other.batch_exists(["p0"]) == 0
