@@ -67,6 +67,19 @@ if [[ "$("$VENV/bin/python" -c 'import sglang.version as v; print(v.__version__)
   echo "install-deps: installing sglang $SGLANG_VERSION into $VENV (PyPI, without its dependencies)"
   "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps "sglang==$SGLANG_VERSION"
 fi
+# LMCache, for its connector's tests through its native_plugin L2 adapter,
+# the same way (its CUDA kernels are not needed on CPU).
+LMCACHE_VERSION=0.5.6
+if [[ "$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("lmcache"))' \
+        2>/dev/null)" != "$LMCACHE_VERSION" ]]; then
+  echo "install-deps: installing lmcache $LMCACHE_VERSION into $VENV (PyPI, without its dependencies)"
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps "lmcache==$LMCACHE_VERSION"
+fi
+if ! "$VENV/bin/python" -c \
+    'import lmcache.v1.distributed.l2_adapters.native_plugin_l2_adapter' 2>/dev/null; then
+  "$VENV/bin/pip" install -q --disable-pip-version-check numba sortedcontainers \
+    prometheus_client py-cpuinfo cachetools msgspec pyzmq
+fi
 if ! "$VENV/bin/python" -c 'import sglang.srt.mem_cache.storage.backend_factory' 2>/dev/null; then
   "$VENV/bin/pip" install -q --disable-pip-version-check orjson pybase64 starlette msgspec \
     pydantic pyzmq tqdm ipython aiohttp
