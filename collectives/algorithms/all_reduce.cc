@@ -20,8 +20,8 @@ absl::Status OneShot(Call& c, const uint8_t* in, uint8_t* out, size_t count, Red
   const size_t chunk = ChunkBytes(c, CollKind::kAllReduce, bytes, 1);
   const size_t chunks = Chunks(bytes, chunk);
   const uint64_t base = c.t.staged();
-  std::vector<const void*> srcs(n);
-  std::vector<CopyEngine::Ticket> tickets;
+  Sources srcs(n);
+  Tickets tickets;
   auto post = [&](size_t i) -> absl::Status {
     const size_t at = i * chunk, len = std::min(chunk, bytes - at);
     CXLRT_ASSIGN_OR_RETURN(uint64_t s, c.t.Stage());
@@ -75,8 +75,8 @@ absl::Status TwoShot(Call& c, const uint8_t* in, uint8_t* out, size_t count, Red
   }
   items.push_back({true, chunks - 1});
   const uint64_t base = c.t.staged();
-  std::vector<const void*> srcs(n);
-  std::vector<CopyEngine::Ticket> tickets;
+  Sources srcs(n);
+  Tickets tickets;
   std::vector<bool> reduced(chunks, false);  // A(c) consumed: B(c) may be posted
   auto shard = [&](size_t k, int j) {        // [lo, hi) of rank j's shard of chunk k
     const size_t first = k * chunk_elems, m = std::min(chunk_elems, count - first);
@@ -162,8 +162,8 @@ absl::Status Reduce(Call& c, const void* send, void* recv, size_t count, RedOp o
   const auto zc = r != root ? c.ZeroCopyAt(in, bytes) : std::nullopt;
   const size_t chunk = ChunkBytes(c, CollKind::kReduce, bytes, 1);
   const uint64_t base = c.t.staged();
-  std::vector<const void*> srcs(n);
-  std::vector<CopyEngine::Ticket> tickets;
+  Sources srcs(n);
+  Tickets tickets;
   auto post = [&](size_t i) -> absl::Status {
     const size_t at = i * chunk, len = std::min(chunk, bytes - at);
     CXLRT_ASSIGN_OR_RETURN(uint64_t s, c.t.Stage());

@@ -20,7 +20,7 @@ absl::Status AllToAll(Call& c, const void* send, void* recv, size_t count) {
   const auto zc = in != out ? c.ZeroCopyAt(in, count * n * es) : std::nullopt;
   const size_t per = ChunkBytes(c, CollKind::kAllToAll, count * es, n) / es;
   const uint64_t base = c.t.staged();
-  std::vector<CopyEngine::Ticket> tickets;
+  Tickets tickets;
   auto post = [&](size_t i) -> absl::Status {
     const size_t first = i * per, m = std::min(per, count - first);
     CXLRT_ASSIGN_OR_RETURN(uint64_t s, c.t.Stage());

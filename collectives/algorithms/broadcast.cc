@@ -17,7 +17,7 @@ absl::Status Broadcast(Call& c, const void* send, void* recv, size_t count, int 
   const auto zc = r == root ? c.ZeroCopyAt(in, bytes) : std::nullopt;
   const size_t chunk = ChunkBytes(c, CollKind::kBroadcast, bytes, 1);
   const uint64_t base = c.t.staged();
-  std::vector<CopyEngine::Ticket> tickets;
+  Tickets tickets;
   auto post = [&](size_t i) -> absl::Status {
     const size_t at = i * chunk, len = std::min(chunk, bytes - at);
     CXLRT_ASSIGN_OR_RETURN(uint64_t s, c.t.Stage());
@@ -50,7 +50,7 @@ absl::Status Scatter(Call& c, const void* send, void* recv, size_t recvcount, in
   const auto zc = r == root ? c.ZeroCopyAt(in, recvcount * n * es) : std::nullopt;
   const size_t per = ChunkBytes(c, CollKind::kScatter, recvcount * es, n) / es;
   const uint64_t base = c.t.staged();
-  std::vector<CopyEngine::Ticket> tickets;
+  Tickets tickets;
   auto post = [&](size_t i) -> absl::Status {
     const size_t first = i * per, m = std::min(per, recvcount - first);
     CXLRT_ASSIGN_OR_RETURN(uint64_t s, c.t.Stage());

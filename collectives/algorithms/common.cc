@@ -77,7 +77,7 @@ absl::Status PostPieces(Call& c, uint64_t s, const uint8_t* src, size_t piece_le
 
 absl::Status PostEmpty(Call& c, uint64_t s) { return c.t.PublishInline(s, nullptr, 0); }
 
-absl::Status WaitAll(Call& c, std::vector<CopyEngine::Ticket>& tickets) {
+absl::Status WaitAll(Call& c, Tickets& tickets) {
   for (CopyEngine::Ticket k : tickets) {
     if (k == 0) continue;
     if (absl::Status s = c.e.Wait(k, c.t.deadline()); !s.ok()) {

@@ -21,7 +21,7 @@ absl::Status Run(Call& c, CollKind kind, const void* send, void* recv, size_t se
   const auto zc = posts ? c.ZeroCopyAt(in, bytes) : std::nullopt;
   const size_t chunk = ChunkBytes(c, kind, bytes, 1);
   const uint64_t base = c.t.staged();
-  std::vector<CopyEngine::Ticket> tickets;
+  Tickets tickets;
   auto post = [&](size_t i) -> absl::Status {
     const size_t at = i * chunk, len = std::min(chunk, bytes - at);
     CXLRT_ASSIGN_OR_RETURN(uint64_t s, c.t.Stage());

@@ -20,8 +20,8 @@ absl::Status ReduceScatter(Call& c, const void* send, void* recv, size_t recvcou
   const auto zc = c.ZeroCopyAt(in, recvcount * n * es);
   const size_t per = ChunkBytes(c, CollKind::kReduceScatter, recvcount * es, n) / es;
   const uint64_t base = c.t.staged();
-  std::vector<const void*> srcs(n);
-  std::vector<CopyEngine::Ticket> tickets;
+  Sources srcs(n);
+  Tickets tickets;
   auto post = [&](size_t i) -> absl::Status {
     const size_t first = i * per, m = std::min(per, recvcount - first);
     CXLRT_ASSIGN_OR_RETURN(uint64_t s, c.t.Stage());
