@@ -22,9 +22,6 @@ namespace {
 using runtime::PoolOffset;
 
 constexpr uint64_t kAlign = 4096;
-// Data-path waits yield (rather than sleep) this long: a peer is normally
-// microseconds away, and a sleep overshoots by tens of them.
-constexpr absl::Duration kYieldFor = absl::Milliseconds(20);
 
 uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -244,10 +241,10 @@ absl::Status Communicator::Join() {
             auto host = m.Host(old->creator_slot);
             const bool self = host.ok() && host->liveness == runtime::Liveness::kSelf;
             const absl::Duration lease = host.ok() ? host->lease : m.lease();
-            settled = self ? absl::Now() : std::min(absl::Now() + lease + kYieldFor, deadline);
+            settled = self ? absl::Now() : std::min(absl::Now() + lease + kDataPathYield, deadline);
           }
           if (absl::Now() < settled) {
-            absl::SleepFor(kYieldFor);
+            absl::SleepFor(kDataPathYield);
             continue;
           }
           return absl::AlreadyExistsError(absl::StrCat("communicator ", name_,
@@ -463,7 +460,7 @@ absl::Status Communicator::AwaitEveryRankGone() {
              host->liveness == runtime::Liveness::kFenced ||
              host->liveness == runtime::Liveness::kFree;
     };
-    absl::Status s = runtime::WaitUntil(gone, deadline, "a rank to leave", nullptr, kYieldFor);
+    absl::Status s = runtime::WaitUntil(gone, deadline, "a rank to leave", nullptr, kDataPathYield);
     if (!s.ok()) {
       // Freeing now would hand memory that rank j still writes to the next
       // allocation: keep the block (rank 0's next Create of this name says
@@ -522,13 +519,7 @@ const absl::Status& Communicator::failed() const { return transport_->failed(); 
 runtime::WaitWatch* Communicator::watch() const { return watch_.get(); }
 
 std::optional<PoolOffset> Communicator::InPool(const void* p, size_t len) const {
-  const uint8_t* base = pool_.backend().base();
-  const auto* b = static_cast<const uint8_t*>(p);
-  if (b < base || b >= base + pool_.size() ||
-      len > static_cast<uint64_t>(base + pool_.size() - b)) {
-    return std::nullopt;
-  }
-  return static_cast<PoolOffset>(b - base);
+  return algorithms::PoolOffsetOf(pool_.backend().base(), pool_.size(), p, len);
 }
 
 absl::StatusOr<algorithms::Call> Communicator::Begin(CollKind kind, DataType type, RedOp op,

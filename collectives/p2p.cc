@@ -7,14 +7,8 @@
 #include "runtime/status_macros.h"
 
 namespace cxlrt::collectives {
-namespace {
 
-// Waits for the peer yield (rather than sleep) this long.
-constexpr absl::Duration kYieldFor = absl::Milliseconds(20);
-
-size_t Chunks(size_t total, size_t chunk) { return total == 0 ? 1 : (total + chunk - 1) / chunk; }
-
-}  // namespace
+using algorithms::Chunks;
 
 absl::Status Communicator::Send(const void* buf, size_t count, DataType type, int peer) {
   if (destroyed_ || !failed().ok()) {
@@ -33,7 +27,7 @@ absl::Status Communicator::Send(const void* buf, size_t count, DataType type, in
     const size_t len = std::min<size_t>(p2p_bytes_, bytes - at);
     const uint64_t seq = ++sent_[peer];
     absl::Status s = runtime::WaitUntil([&] { return c_.LoadFlag(consumed) + 1 >= seq; }, deadline_,
-                                        "the receiver", watch(), kYieldFor, spins_);
+                                        "the receiver", watch(), kDataPathYield, spins_);
     if (!s.ok()) {
       return Fail(absl::Status(s.code(), absl::StrCat("Send from rank ", rank_, " to rank ", peer,
                                                       " of ", name_, ": ", s.message())));
@@ -66,7 +60,7 @@ absl::Status Communicator::Recv(void* buf, size_t count, DataType type, int peer
     const size_t len = std::min<size_t>(p2p_bytes_, bytes - at);
     const uint64_t seq = ++received_[peer];
     absl::Status s = runtime::WaitUntil([&] { return c_.LoadFlag(line) >= seq; }, deadline_,
-                                        "the sender", watch(), kYieldFor, spins_);
+                                        "the sender", watch(), kDataPathYield, spins_);
     if (!s.ok()) {
       return Fail(absl::Status(s.code(), absl::StrCat("Recv at rank ", rank_, " from rank ", peer,
                                                       " of ", name_, ": ", s.message())));

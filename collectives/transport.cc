@@ -6,14 +6,6 @@
 #include "runtime/fault.h"
 
 namespace cxlrt::collectives {
-namespace {
-
-// Data-path waits yield (rather than sleep) this long: a peer is normally
-// microseconds away, and a sleep overshoots by tens of them.
-constexpr absl::Duration kYieldFor = absl::Milliseconds(20);
-
-}  // namespace
-
 Transport::Transport(Setup setup)
     : c_(*setup.coherence),
       pool_size_(setup.pool_size),
@@ -77,7 +69,7 @@ absl::Status Transport::Await(Ready&& ready, const char* what) {
     }
     return ready();
   };
-  absl::Status s = runtime::WaitUntil(step, deadline_, what, watch_, kYieldFor, spins_);
+  absl::Status s = runtime::WaitUntil(step, deadline_, what, watch_, kDataPathYield, spins_);
   return progress.ok() ? s : progress;
 }
 
@@ -187,7 +179,6 @@ void Transport::PublishLine(uint64_t s, const PostLayout& post) {
              sizeof(PostLayout) - sizeof(uint64_t));
   CXLRT_FAULT_POINT("coll.round.posted");
   c_.StoreFlag(line, s);
-  published_ = s;
 }
 
 absl::Status Transport::CheckPost(int j, uint64_t s) {
@@ -267,10 +258,7 @@ absl::StatusOr<const uint8_t*> Transport::PeerPiece(int j, uint64_t s, int piece
   return PeerBytes(j, s, piece * p.stride, n);
 }
 
-void Transport::Done(uint64_t s) {
-  done_ = s;
-  c_.StoreFlag(DoneAt(rank_), s);
-}
+void Transport::Done(uint64_t s) { c_.StoreFlag(DoneAt(rank_), s); }
 
 absl::Status Transport::AwaitPeersDone(uint64_t s) {
   for (int j = 0; j < nranks_; ++j) {

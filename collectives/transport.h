@@ -41,6 +41,10 @@ namespace cxlrt::collectives {
 
 using runtime::PoolOffset;
 
+// Data-path waits yield (rather than sleep) this long: a peer is normally
+// microseconds away, and a sleep overshoots by tens of them.
+inline constexpr absl::Duration kDataPathYield = absl::Milliseconds(20);
+
 class Transport {
  public:
   struct Setup {
@@ -172,9 +176,7 @@ class Transport {
   CallDesc desc_;
   absl::Time deadline_;
   CopyEngine* engine_ = nullptr;
-  uint64_t staged_ = 0;     // last post number staged
-  uint64_t published_ = 0;  // last post number published
-  uint64_t done_ = 0;       // last post number read
+  uint64_t staged_ = 0;  // last post number staged
   uint64_t call_first_ = 1;
   std::deque<Pending> pending_;
   std::vector<PostLayout> posts_;    // [j * depth + s % depth]: peers' posts as read

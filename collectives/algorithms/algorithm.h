@@ -24,6 +24,17 @@
 
 namespace cxlrt::collectives::algorithms {
 
+// The pool offset of [p, p+len) when it lies in the mapping [base,
+// base+size) of the pool.
+inline std::optional<PoolOffset> PoolOffsetOf(const uint8_t* base, uint64_t size, const void* p,
+                                              size_t len) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  if (b < base || b >= base + size || len > static_cast<uint64_t>(base + size - b)) {
+    return std::nullopt;
+  }
+  return static_cast<PoolOffset>(b - base);
+}
+
 // A call's engine tickets and reduction sources: inline for up to 8 (no
 // allocation per call; an 8-byte all-reduce is a fraction of a microsecond).
 using Tickets = absl::InlinedVector<CopyEngine::Ticket, 8>;
@@ -77,6 +88,10 @@ absl::Status PostPieces(Call& c, uint64_t s, const uint8_t* src, size_t piece_le
                         std::optional<PoolOffset> in_place);
 // Posts nothing (a rank with no bytes for this chunk).
 absl::Status PostEmpty(Call& c, uint64_t s);
+// The sources of a reduction of post `s`: this rank's own bytes at `own`,
+// and `n` bytes from byte `offset` of every peer's post (srcs[j] for rank j).
+absl::Status PeerSources(Call& c, uint64_t s, const void* own, size_t offset, size_t n,
+                         Sources& srcs);
 // Waits for every ticket in `tickets` and clears it.
 absl::Status WaitAll(Call& c, Tickets& tickets);
 

@@ -14,7 +14,7 @@ namespace {
 // buffer (a rank writes its result over its input while peers still read it
 // otherwise).
 absl::Status OneShot(Call& c, const uint8_t* in, uint8_t* out, size_t count, RedOp op) {
-  const int n = c.nranks(), r = c.rank();
+  const int n = c.nranks();
   const size_t bytes = count * c.es;
   const auto zc = in != out ? c.ZeroCopyAt(in, bytes) : std::nullopt;
   const size_t chunk = ChunkBytes(c, CollKind::kAllReduce, bytes, 1);
@@ -31,13 +31,7 @@ absl::Status OneShot(Call& c, const uint8_t* in, uint8_t* out, size_t count, Red
     const uint64_t s = base + 1 + i;
     const size_t at = i * chunk, len = std::min(chunk, bytes - at);
     CXLRT_RETURN_IF_ERROR(c.t.WaitPosted(s));
-    for (int j = 0; j < n; ++j) {
-      if (j == r) {
-        srcs[j] = in + at;
-      } else {
-        CXLRT_ASSIGN_OR_RETURN(srcs[j], c.t.PeerBytes(j, s, 0, len));
-      }
-    }
+    CXLRT_RETURN_IF_ERROR(PeerSources(c, s, in + at, 0, len, srcs));
     tickets.push_back(c.e.Reduce(c.type, op, out + at, srcs.data(), n, len / c.es, n));
     CXLRT_RETURN_IF_ERROR(WaitAll(c, tickets));
     c.t.Done(s);
@@ -112,13 +106,8 @@ absl::Status TwoShot(Call& c, const uint8_t* in, uint8_t* out, size_t count, Red
     CXLRT_RETURN_IF_ERROR(c.t.WaitPosted(s));
     if (!it.b) {
       const auto [lo, hi] = shard(it.chunk, r);
-      for (int j = 0; j < n; ++j) {
-        if (j == r) {
-          srcs[j] = in + lo * es;
-        } else {
-          CXLRT_ASSIGN_OR_RETURN(srcs[j], c.t.PeerBytes(j, s, (lo - first) * es, (hi - lo) * es));
-        }
-      }
+      CXLRT_RETURN_IF_ERROR(
+          PeerSources(c, s, in + lo * es, (lo - first) * es, (hi - lo) * es, srcs));
       tickets.push_back(c.e.Reduce(c.type, op, out + lo * es, srcs.data(), n, hi - lo, n));
       CXLRT_RETURN_IF_ERROR(WaitAll(c, tickets));
       reduced[it.chunk] = true;
@@ -176,13 +165,7 @@ absl::Status Reduce(Call& c, const void* send, void* recv, size_t count, RedOp o
     CXLRT_RETURN_IF_ERROR(c.t.WaitPosted(s));
     if (r == root) {
       c.SeeOwnStores(in + at, len);
-      for (int j = 0; j < n; ++j) {
-        if (j == r) {
-          srcs[j] = in + at;
-        } else {
-          CXLRT_ASSIGN_OR_RETURN(srcs[j], c.t.PeerBytes(j, s, 0, len));
-        }
-      }
+      CXLRT_RETURN_IF_ERROR(PeerSources(c, s, in + at, 0, len, srcs));
       tickets.push_back(c.e.Reduce(c.type, op, out + at, srcs.data(), n, len / c.es, n));
       CXLRT_RETURN_IF_ERROR(WaitAll(c, tickets));
     }

@@ -9,23 +9,26 @@
 namespace cxlrt::collectives::algorithms {
 
 std::optional<PoolOffset> Call::ZeroCopyAt(const void* p, size_t len) const {
-  const auto* b = static_cast<const uint8_t*>(p);
-  if (b < pool_base || b >= pool_base + pool_size ||
-      len > static_cast<uint64_t>(pool_base + pool_size - b)) {
-    return std::nullopt;
-  }
-  const auto at = static_cast<PoolOffset>(b - pool_base);
-  if (at % es != 0) return std::nullopt;
+  const auto at = PoolOffsetOf(pool_base, pool_size, p, len);
+  if (at && *at % es != 0) return std::nullopt;
   return at;
 }
 
 void Call::SeeOwnStores(const void* p, size_t len) {
-  const auto* b = static_cast<const uint8_t*>(p);
-  if (len == 0 || b < pool_base || b >= pool_base + pool_size ||
-      len > static_cast<uint64_t>(pool_base + pool_size - b)) {
-    return;
+  if (len == 0) return;
+  if (const auto at = PoolOffsetOf(pool_base, pool_size, p, len)) coherence.Flush(*at, len);
+}
+
+absl::Status PeerSources(Call& c, uint64_t s, const void* own, size_t offset, size_t n,
+                         Sources& srcs) {
+  for (int j = 0; j < c.nranks(); ++j) {
+    if (j == c.rank()) {
+      srcs[j] = own;
+    } else {
+      CXLRT_ASSIGN_OR_RETURN(srcs[j], c.t.PeerBytes(j, s, offset, n));
+    }
   }
-  coherence.Flush(static_cast<PoolOffset>(b - pool_base), len);
+  return absl::OkStatus();
 }
 
 size_t Call::ahead() const { return std::min<size_t>(2, t.depth() - 1); }
