@@ -1,5 +1,6 @@
 #include "bench/ceiling_probe.h"
 
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -30,15 +31,28 @@ struct alignas(64) Flag {
 };
 struct Shared {
   Flag posted_a[kRanks], read_a[kRanks], posted_b[kRanks], read_b[kRanks];
-  Flag result[kRanks];  // each rank's median time in ns, then its wrong count
   Flag wrong[kRanks];
 };
 
-void SpinUntil(const std::atomic<uint64_t>& f, uint64_t v) {
-  while (f.load(std::memory_order_acquire) < v) __builtin_ia32_pause();
+// The peer gets this long to move a flag; past it, it is dead or stuck.
+constexpr int64_t kPeerTimeoutNs = 30'000'000'000;
+
+// Spins until f >= v; false when the peer has not moved it in time.
+bool SpinUntil(const std::atomic<uint64_t>& f, uint64_t v) {
+  int64_t deadline = 0;
+  for (uint64_t i = 0; f.load(std::memory_order_acquire) < v; ++i) {
+    __builtin_ia32_pause();
+    if ((i & 0xffff) == 0) {
+      const int64_t now = runtime::NowNs();
+      if (deadline == 0) deadline = now + kPeerTimeoutNs;
+      if (now > deadline) return false;
+    }
+  }
+  return true;
 }
 
-// One rank's run over every size. Returns its per-size median times (ns).
+// One rank's run over every size. Returns its per-size median times (ns);
+// empty when the peer stopped answering.
 std::vector<double> RunProbeRank(const CeilingOptions& o, int r, Shared* sh, uint8_t* slots,
                                  const std::vector<uint64_t>& sizes) {
   const int peer = 1 - r;
@@ -62,11 +76,11 @@ std::vector<double> RunProbeRank(const CeilingOptions& o, int r, Shared* sh, uin
         const size_t lo = m * r / kRanks, hi = m * (r + 1) / kRanks;
         const size_t plo = m * peer / kRanks, phi = m * (peer + 1) / kRanks;
         // A: the peer's shard of our chunk into our slot; reduce our shard.
-        if (k > 2) SpinUntil(sh->read_a[peer].v, k - 2);
+        if (k > 2 && !SpinUntil(sh->read_a[peer].v, k - 2)) return {};
         runtime::NonTemporalCopy(slot('A', r, k) + plo * 4, in.data() + first + plo,
                                  (phi - plo) * 4);
         sh->posted_a[r].v.store(k, std::memory_order_release);
-        SpinUntil(sh->posted_a[peer].v, k);
+        if (!SpinUntil(sh->posted_a[peer].v, k)) return {};
         const void* srcs[2];
         srcs[r] = in.data() + first + lo;
         srcs[peer] = slot('A', peer, k) + lo * 4;
@@ -74,10 +88,10 @@ std::vector<double> RunProbeRank(const CeilingOptions& o, int r, Shared* sh, uin
                             out.data() + first + lo, srcs, kRanks, hi - lo, kRanks);
         sh->read_a[r].v.store(k, std::memory_order_release);
         // B: our reduced shard out; the peer's in.
-        if (k > 2) SpinUntil(sh->read_b[peer].v, k - 2);
+        if (k > 2 && !SpinUntil(sh->read_b[peer].v, k - 2)) return {};
         runtime::NonTemporalCopy(slot('B', r, k), out.data() + first + lo, (hi - lo) * 4);
         sh->posted_b[r].v.store(k, std::memory_order_release);
-        SpinUntil(sh->posted_b[peer].v, k);
+        if (!SpinUntil(sh->posted_b[peer].v, k)) return {};
         runtime::CopyBytes(out.data() + first + plo, slot('B', peer, k), (phi - plo) * 4);
         sh->read_b[r].v.store(k, std::memory_order_release);
       }
@@ -137,11 +151,12 @@ int RunCeilingProbe(const CeilingOptions& o) {
     if (!pins->cores.empty()) (void)runtime::PinToCore(pins->cores[1]);
     std::vector<double> t = RunProbeRank(o, 1, sh, slots, sizes);
     const ssize_t w = write(pipefd[1], t.data(), t.size() * sizeof(double));
-    _exit(w == static_cast<ssize_t>(t.size() * sizeof(double)) ? 0 : 1);
+    _exit(!t.empty() && w == static_cast<ssize_t>(t.size() * sizeof(double)) ? 0 : 1);
   }
   close(pipefd[1]);
   if (!pins->cores.empty()) (void)runtime::PinToCore(pins->cores[0]);
   std::vector<double> t0 = RunProbeRank(o, 0, sh, slots, sizes);
+  if (t0.empty()) kill(child, SIGKILL);  // it stopped answering: no result to wait for
   std::vector<double> t1(sizes.size());
   const ssize_t got = read(pipefd[0], t1.data(), t1.size() * sizeof(double));
   close(pipefd[0]);
@@ -154,9 +169,10 @@ int RunCeilingProbe(const CeilingOptions& o) {
   (void)sched_setaffinity(0, sizeof(all), &all);
   const uint64_t wrong = sh->wrong[0].v + sh->wrong[1].v;
   munmap(map, shared_bytes);
-  if (got != static_cast<ssize_t>(t1.size() * sizeof(double)) || !WIFEXITED(status) ||
+  if (t0.empty() || got != static_cast<ssize_t>(t1.size() * sizeof(double)) || !WIFEXITED(status) ||
       WEXITSTATUS(status) != 0) {
-    std::fprintf(stderr, "cxlrt bench ceiling: rank 1 failed\n");
+    std::fprintf(stderr, "cxlrt bench ceiling: rank 1 failed or did not answer for %lld s\n",
+                 static_cast<long long>(kPeerTimeoutNs / 1000000000));
     return 1;
   }
   if (!o.json) {

@@ -367,6 +367,22 @@ TEST(CliTest, BenchKvPrintsThroughputAndLookupLatencyWithNothingWrong) {
   EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "the benchmark left its pool behind";
 }
 
+TEST(CliTest, TheCeilingProbeRunsTwoRanksAndSumsRight) {
+  // It exits non-zero on a wrong sum or a rank that stops answering.
+  auto r = CxlrtStdout("bench ceiling -b 64K -e 1M -f 16 -n 3 -w 1 --chunk 256K --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::istringstream lines(r.out);
+  std::string line;
+  int rows = 0;
+  while (std::getline(lines, line)) {
+    auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["ranks"], 2);
+    EXPECT_GT(j["busbw_gbps"].get<double>(), 0) << line;
+    ++rows;
+  }
+  EXPECT_EQ(rows, 2) << r.out;  // 64 KiB, 1 MiB
+}
+
 TEST(CliTest, BenchCollectivesPrintNcclTestsColumnsWithNothingWrong) {
   TempDir dir;
   // No size: the benchmark sizes the pool it makes.
@@ -389,6 +405,12 @@ TEST(CliTest, BenchCollectivesPrintNcclTestsColumnsWithNothingWrong) {
       EXPECT_EQ(j["wrong"], 0) << line;
       EXPECT_EQ(j["inplace_wrong"], 0) << line;
       EXPECT_GT(j["memcpy_gbps"].get<double>(), 0) << line;
+      EXPECT_GT(j["two_thread_copy_gbps"].get<double>(), 0) << line;
+      // The traffic bound holds: busbw above it would mean the bound is wrong.
+      if (j["bytes"].get<uint64_t>() > 0) {
+        EXPECT_GT(j["bound_busbw_gbps"].get<double>(), 0) << line;
+        EXPECT_LE(j["busbw_vs_bound"].get<double>(), 1.0) << line;
+      }
       ++rows;
     }
     EXPECT_EQ(rows, 3) << coll << " (8 B, 512 B, 32 KiB): " << r.out;
