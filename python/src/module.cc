@@ -296,8 +296,8 @@ class BatchArgs {
   BatchArgs(const py::sequence& keys, const py::sequence& bufs, bool writable) {
     const size_t n = keys.size();
     if (bufs.size() != n) {
-      throw StatusError{absl::InvalidArgumentError(
-          absl::StrCat(n, " keys but ", bufs.size(), " buffers"))};
+      throw StatusError{
+          absl::InvalidArgumentError(absl::StrCat(n, " keys but ", bufs.size(), " buffers"))};
     }
     keys_ = keys;
     bufs_ = bufs;
@@ -313,13 +313,14 @@ class BatchArgs {
         data = const_cast<char*>(PyUnicode_AsUTF8AndSize(k, &len));
         if (!data) throw py::error_already_set();
       } else {
-        throw StatusError{absl::InvalidArgumentError(absl::StrCat("key ", i, " is not bytes or str"))};
+        throw StatusError{
+            absl::InvalidArgumentError(absl::StrCat("key ", i, " is not bytes or str"))};
       }
       keyviews_.emplace_back(data, static_cast<size_t>(len));
       Py_buffer view;
       PyObject* b = PySequence_Fast_GET_ITEM(bufs_.ptr(), i);
-      if (PyObject_GetBuffer(b, &view, writable ? PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS
-                                                : PyBUF_C_CONTIGUOUS) != 0) {
+      if (PyObject_GetBuffer(
+              b, &view, writable ? PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS : PyBUF_C_CONTIGUOUS) != 0) {
         PyErr_Clear();
         throw StatusError{absl::InvalidArgumentError(absl::StrCat(
             "buffer ", i, " is not a contiguous", writable ? ", writable" : "", " buffer"))};
@@ -349,6 +350,45 @@ py::object StatusToPy(const absl::Status& s) {
   exc.attr("code") = absl::StatusCodeToString(s.code());
   exc.attr("message") = std::string(s.message());
   return exc;
+}
+
+// Runs a batch without the GIL; one entry per item: None or the error
+// (put), the value's size or the error (get).
+py::list RunBatchPut(kv::Store& s, const std::string& ns, const std::vector<kv::PutItem>& items) {
+  std::vector<absl::Status> r;
+  {
+    py::gil_scoped_release nogil;
+    r = s.BatchPut(ns, items);
+  }
+  py::list out(r.size());
+  for (size_t i = 0; i < r.size(); ++i) out[i] = StatusToPy(r[i]);
+  return out;
+}
+py::list RunBatchGet(kv::Store& s, const std::string& ns, const std::vector<kv::GetItem>& items) {
+  std::vector<absl::StatusOr<size_t>> r;
+  {
+    py::gil_scoped_release nogil;
+    r = s.BatchGet(ns, items);
+  }
+  py::list out(r.size());
+  for (size_t i = 0; i < r.size(); ++i) {
+    out[i] = r[i].ok() ? py::object(py::int_(*r[i])) : StatusToPy(r[i].status());
+  }
+  return out;
+}
+
+// Batch items from keys and raw (address, size) pairs.
+template <typename Item, typename Ptr>
+std::vector<Item> PtrItems(const std::vector<std::string>& keys, const std::vector<uintptr_t>& ptrs,
+                           const std::vector<size_t>& sizes) {
+  if (keys.size() != ptrs.size() || keys.size() != sizes.size()) {
+    throw StatusError{absl::InvalidArgumentError("keys, ptrs and sizes differ in length")};
+  }
+  std::vector<Item> items(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    items[i] = {keys[i], reinterpret_cast<Ptr>(ptrs[i]), sizes[i]};
+  }
+  return items;
 }
 
 }  // namespace
@@ -595,20 +635,13 @@ PYBIND11_MODULE(_cxlrt, m) {
       .def(
           "batch_put",
           [](PyStore& st, const std::string& ns, py::object keys, py::object values) {
-            BatchArgs a(py::reinterpret_steal<py::sequence>(PySequence_Fast(keys.ptr(), "keys")),
-                        py::reinterpret_steal<py::sequence>(PySequence_Fast(values.ptr(), "values")),
-                        false);
+            BatchArgs a(
+                py::reinterpret_steal<py::sequence>(PySequence_Fast(keys.ptr(), "keys")),
+                py::reinterpret_steal<py::sequence>(PySequence_Fast(values.ptr(), "values")),
+                false);
             std::vector<kv::PutItem> items(a.size());
             for (size_t i = 0; i < a.size(); ++i) items[i] = {a.key(i), a.data(i), a.bytes(i)};
-            kv::Store& s = st.s();
-            std::vector<absl::Status> r;
-            {
-              py::gil_scoped_release nogil;
-              r = s.BatchPut(ns, items);
-            }
-            py::list out(r.size());
-            for (size_t i = 0; i < r.size(); ++i) out[i] = StatusToPy(r[i]);
-            return out;
+            return RunBatchPut(st.s(), ns, items);
           },
           py::arg("ns"), py::arg("keys"), py::arg("values"))
       .def(
@@ -619,68 +652,26 @@ PYBIND11_MODULE(_cxlrt, m) {
                         true);
             std::vector<kv::GetItem> items(a.size());
             for (size_t i = 0; i < a.size(); ++i) items[i] = {a.key(i), a.data(i), a.bytes(i)};
-            kv::Store& s = st.s();
-            std::vector<absl::StatusOr<size_t>> r;
-            {
-              py::gil_scoped_release nogil;
-              r = s.BatchGet(ns, items);
-            }
-            py::list out(r.size());
-            for (size_t i = 0; i < r.size(); ++i) {
-              out[i] = r[i].ok() ? py::object(py::int_(*r[i])) : StatusToPy(r[i].status());
-            }
-            return out;
+            return RunBatchGet(st.s(), ns, items);
           },
           py::arg("ns"), py::arg("keys"), py::arg("outs"))
+      // Zero-copy for frameworks that hand out raw addresses of registered
+      // host memory (SGLang's get_page_buffer_meta): the caller guarantees
+      // each [ptr, ptr+size) stays valid for the call.
       .def(
           "batch_put_ptrs",
           [](PyStore& st, const std::string& ns, const std::vector<py::bytes>& keys,
              const std::vector<uintptr_t>& ptrs, const std::vector<size_t>& sizes) {
-            // Zero-copy for frameworks that hand out raw addresses of
-            // registered host memory (SGLang's get_page_buffer_meta): the
-            // caller guarantees each [ptr, ptr+size) stays valid for the call.
-            if (keys.size() != ptrs.size() || keys.size() != sizes.size()) {
-              throw StatusError{absl::InvalidArgumentError("keys, ptrs and sizes differ in length")};
-            }
-            std::vector<std::string> k(keys.begin(), keys.end());
-            std::vector<kv::PutItem> items(k.size());
-            for (size_t i = 0; i < k.size(); ++i) {
-              items[i] = {k[i], reinterpret_cast<const void*>(ptrs[i]), sizes[i]};
-            }
-            kv::Store& s = st.s();
-            std::vector<absl::Status> r;
-            {
-              py::gil_scoped_release nogil;
-              r = s.BatchPut(ns, items);
-            }
-            py::list out(r.size());
-            for (size_t i = 0; i < r.size(); ++i) out[i] = StatusToPy(r[i]);
-            return out;
+            const std::vector<std::string> k(keys.begin(), keys.end());
+            return RunBatchPut(st.s(), ns, PtrItems<kv::PutItem, const void*>(k, ptrs, sizes));
           },
           py::arg("ns"), py::arg("keys"), py::arg("ptrs"), py::arg("sizes"))
       .def(
           "batch_get_ptrs",
           [](PyStore& st, const std::string& ns, const std::vector<py::bytes>& keys,
              const std::vector<uintptr_t>& ptrs, const std::vector<size_t>& sizes) {
-            if (keys.size() != ptrs.size() || keys.size() != sizes.size()) {
-              throw StatusError{absl::InvalidArgumentError("keys, ptrs and sizes differ in length")};
-            }
-            std::vector<std::string> k(keys.begin(), keys.end());
-            std::vector<kv::GetItem> items(k.size());
-            for (size_t i = 0; i < k.size(); ++i) {
-              items[i] = {k[i], reinterpret_cast<void*>(ptrs[i]), sizes[i]};
-            }
-            kv::Store& s = st.s();
-            std::vector<absl::StatusOr<size_t>> r;
-            {
-              py::gil_scoped_release nogil;
-              r = s.BatchGet(ns, items);
-            }
-            py::list out(r.size());
-            for (size_t i = 0; i < r.size(); ++i) {
-              out[i] = r[i].ok() ? py::object(py::int_(*r[i])) : StatusToPy(r[i].status());
-            }
-            return out;
+            const std::vector<std::string> k(keys.begin(), keys.end());
+            return RunBatchGet(st.s(), ns, PtrItems<kv::GetItem, void*>(k, ptrs, sizes));
           },
           py::arg("ns"), py::arg("keys"), py::arg("ptrs"), py::arg("sizes"))
       .def(

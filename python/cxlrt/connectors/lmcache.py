@@ -117,12 +117,12 @@ class CxlrtL2Connector:
         if op == "set":
             res = s.batch_put(self.ns, keys, views)
             bad = [r for r in res if r is not None and not isinstance(r, cxlrt.AlreadyExistsError)]
-            return (not bad, str(bad[0]) if bad else "", None)
+            return (not bad, f"{type(bad[0]).__name__}: {bad[0]}" if bad else "", None)
         if op == "get":
             res = s.batch_get_into(self.ns, keys, views)
             got = [isinstance(r, int) and r == memoryview(v).nbytes for r, v in zip(res, views)]
             first = next((r for r in res if isinstance(r, cxlrt.Error)), None)
-            return (all(got), str(first) if first else "", got)
+            return (all(got), f"{type(first).__name__}: {first}" if first else "", got)
         if op == "exists":
             return (True, "", [s.contains(self.ns, k) for k in keys])
         if op == "delete":

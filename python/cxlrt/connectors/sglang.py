@@ -5,7 +5,10 @@ Load it with SGLang's dynamic backend:
     --hicache-storage-backend dynamic
     --hicache-storage-backend-extra-config '{"backend_name": "cxlrt",
         "module_path": "cxlrt.connectors.sglang", "class_name": "CxlrtHiCacheStorage",
-        "pool": "dax:///dev/dax0.0"}'
+        "interface_v1": 1, "pool": "dax:///dev/dax0.0"}'
+
+(`interface_v1` is what makes SGLang's cache controller call the zero-copy
+v1 calls of a dynamic backend; without it, it moves pages as tensors.)
 
 Pages are stored under SGLang's page hashes, in a namespace per model and,
 for non-MLA models, per tensor-parallel shard (each TP rank holds its own

@@ -26,7 +26,7 @@ def config(uri, tp_rank=0, tp_size=1):
         attn_cp_size=1, is_mla_model=False, enable_storage_metrics=False,
         is_page_first_layout=True, model_name="org/test-model",
         extra_config={"backend_name": "cxlrt", "module_path": "cxlrt.connectors.sglang",
-                      "class_name": "CxlrtHiCacheStorage", "pool": uri})
+                      "class_name": "CxlrtHiCacheStorage", "interface_v1": 1, "pool": uri})
 
 
 def make(uri, **kw):

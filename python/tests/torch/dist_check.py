@@ -61,7 +61,8 @@ for root in range(n):
         t = value(rank, count, torch.float32)
         dist.broadcast(t, src=root, group=g)
         return t
-    run_both(f"broadcast root {root}", broadcast)
+    got, _ = run_both(f"broadcast root {root}", broadcast)
+    same("broadcast ref", got, value(root, count, torch.float32))
 
     def reduce(g):
         t = value(rank, count, torch.int64)
@@ -76,7 +77,9 @@ for root in range(n):
         out = [torch.empty_like(t) for _ in range(n)] if rank == root else None
         dist.gather(t, out, dst=root, group=g)
         return torch.stack(out) if rank == root else torch.zeros(0)
-    run_both(f"gather root {root}", gather)
+    got, _ = run_both(f"gather root {root}", gather)
+    if rank == root:
+        same("gather ref", got, torch.stack([value(r, count, torch.float64) for r in range(n)]))
 
     def scatter(g):
         out = torch.empty(count, dtype=torch.int32)
@@ -101,7 +104,9 @@ def all_gather_into_tensor(g):
     out = torch.empty(n * count, dtype=torch.float32)
     dist.all_gather_into_tensor(out, t, group=g)
     return out
-run_both("all_gather_into_tensor", all_gather_into_tensor)
+got, _ = run_both("all_gather_into_tensor", all_gather_into_tensor)
+same("all_gather_into_tensor ref", got, torch.cat([value(r, count, torch.float32)
+                                                   for r in range(n)]))
 
 # reduce_scatter: Gloo has no reduce_scatter; the reference is computed here.
 for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX):
