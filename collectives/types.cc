@@ -152,26 +152,6 @@ template <typename T>
 
 }  // namespace
 
-size_t SizeOf(DataType t) {
-  switch (t) {
-    case DataType::kInt8:
-    case DataType::kUint8:
-      return 1;
-    case DataType::kFloat16:
-    case DataType::kBfloat16:
-      return 2;
-    case DataType::kInt32:
-    case DataType::kUint32:
-    case DataType::kFloat32:
-      return 4;
-    case DataType::kInt64:
-    case DataType::kUint64:
-    case DataType::kFloat64:
-      return 8;
-  }
-  return 1;
-}
-
 const char* DataTypeName(DataType t) {
   static const char* const kNames[] = {"int8",   "uint8",   "int32",    "uint32",  "int64",
                                        "uint64", "float16", "bfloat16", "float32", "float64"};

@@ -69,8 +69,27 @@ enum class CollKind : uint8_t {
 };
 const char* CollKindName(CollKind k);
 
-// Bytes of one element.
-size_t SizeOf(DataType t);
+// Bytes of one element. Inline: the CUDA library (collectives/cuda/),
+// linked below this one, uses it too.
+constexpr size_t SizeOf(DataType t) {
+  switch (t) {
+    case DataType::kInt8:
+    case DataType::kUint8:
+      return 1;
+    case DataType::kFloat16:
+    case DataType::kBfloat16:
+      return 2;
+    case DataType::kInt32:
+    case DataType::kUint32:
+    case DataType::kFloat32:
+      return 4;
+    case DataType::kInt64:
+    case DataType::kUint64:
+    case DataType::kFloat64:
+      return 8;
+  }
+  return 1;
+}
 // "int8" ... "float64" (nccl-tests spells fp16/bf16 "half"/"bfloat16"; we
 // take both when parsing). A value outside the enum (read from a peer's
 // post) is "?".

@@ -1,0 +1,44 @@
+// The device kernels of the CUDA data path (kernels.cu), called by
+// cuda_device.cc. Internal to collectives/cuda/.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "collectives/types.h"
+
+namespace cxlrt::collectives::cuda {
+
+// Most sources of one reduction kernel (the ranks of a call).
+inline constexpr int kMaxReduceSources = 64;
+
+struct ReduceArgs {
+  const void* srcs[kMaxReduceSources];  // device-addressable (device memory or mapped pool)
+  int n;
+  void* out;
+  size_t count;
+  int divisor;  // for avg
+};
+
+// out = srcs[0] op ... op srcs[n-1], element by element, in rank order,
+// with the CPU kernels' arithmetic (collectives/types.cc): integers wrap,
+// 16-bit floats accumulate in fp32 and round once, avg divides the sum, min
+// and max are std::min / std::max. So a device result is bit-identical to
+// the CPU path's.
+cudaError_t LaunchReduce(DataType t, RedOp op, const ReduceArgs& a, cudaStream_t stream);
+
+// See FillPatternAsync (collectives/device.h).
+cudaError_t LaunchFillPattern(uint32_t* p, size_t n_words, uint32_t seed, uint32_t delay_us,
+                              cudaStream_t stream);
+
+// Copies n bytes between device-addressable buffers (device memory or the
+// mapped pool) with a kernel: 16 bytes per thread when both allow it.
+cudaError_t LaunchCopy(void* dst, const void* src, size_t n, cudaStream_t stream);
+
+// A one-thread kernel that returns once *word >= value (the word is pinned
+// host memory the proxy thread writes). See DeviceEngine::WaitDoneOn.
+cudaError_t LaunchWaitWord(const uint64_t* word, uint64_t value, cudaStream_t stream);
+
+}  // namespace cxlrt::collectives::cuda
