@@ -9,6 +9,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "collectives/stream_proxy.h"
 #include "runtime/checksum.h"
 #include "runtime/config.h"
 #include "runtime/fault.h"
@@ -144,7 +145,15 @@ Communicator::Communicator(allocator::Allocator& alloc, std::string name, int nr
   if (options_.timeout <= absl::ZeroDuration()) {
     options_.timeout = absl::Milliseconds(cfg.comm_timeout_ms);
   }
-  if (options_.slot_bytes == 0) options_.slot_bytes = cfg.comm_slot_bytes;
+  if (options_.slot_bytes == 0) {
+    // Unset: CXLRT_COMM_SLOT_BYTES, else 1 MiB, or on a machine with a GPU
+    // the slots that make ChunkBytes cut GPU-sized chunks (rank 0's choice
+    // holds for every rank).
+    options_.slot_bytes = cfg.comm_slot_bytes;
+    if (!cfg.comm_slot_bytes_set && DevicesAvailable()) {
+      options_.slot_bytes = algorithms::kDeviceSlotBytes;
+    }
+  }
   if (options_.p2p_bytes == 0) options_.p2p_bytes = cfg.comm_p2p_bytes;
   if (options_.oneshot_max == 0) options_.oneshot_max = cfg.allreduce_oneshot_max;
   if (options_.depth == 0) options_.depth = cfg.comm_depth;
@@ -424,6 +433,8 @@ Communicator::~Communicator() {
 
 absl::Status Communicator::Destroy() {
   if (destroyed_) return absl::FailedPreconditionError(name_ + " is already destroyed");
+  Quiesce();
+  proxy_.reset();
   const bool failed_before = !failed().ok();
   const absl::Status barrier = failed_before ? absl::OkStatus() : Barrier();
   destroyed_ = true;
@@ -509,6 +520,7 @@ void Communicator::FreeSlots() {
 }
 
 void Communicator::Abort(absl::string_view why) {
+  Quiesce();
   (void)Fail(absl::AbortedError(absl::StrCat(name_, " rank ", rank_, ": ", why)));
 }
 
@@ -522,13 +534,49 @@ std::optional<PoolOffset> Communicator::InPool(const void* p, size_t len) const 
   return algorithms::PoolOffsetOf(pool_.backend().base(), pool_.size(), p, len);
 }
 
-absl::StatusOr<algorithms::Call> Communicator::Begin(CollKind kind, DataType type, RedOp op,
-                                                     size_t count, int root) {
-  if (destroyed_) return absl::FailedPreconditionError(name_ + " was destroyed");
-  if (!failed().ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(name_, " was aborted by an earlier error: ", failed().message()));
+absl::StatusOr<CopyEngine*> Communicator::EngineFor(const char* what,
+                                                    std::initializer_list<const void*> buffers,
+                                                    void* stream, bool start) {
+  if (options_.engine) return options_.engine;
+  // Pool buffers are reachable by either engine; the others decide.
+  const void* device = nullptr;
+  const void* host = nullptr;
+  for (const void* b : buffers) {
+    if (b == nullptr || InPool(b, 1)) continue;
+    (KindOf(b) == MemoryKind::kDevice ? device : host) = b;
   }
+  if (device == nullptr) {
+    if (stream != nullptr) CXLRT_RETURN_IF_ERROR(StreamSynchronize(stream));
+    return cpu_engine_.get();
+  }
+  if (host != nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " on rank ", rank_, " of ", name_, ": buffer ",
+        absl::Hex(reinterpret_cast<uintptr_t>(device)), " is GPU memory but ",
+        absl::Hex(reinterpret_cast<uintptr_t>(host)),
+        " is host memory outside the pool; give a call's buffers in one kind (or host buffers "
+        "from Allocate)"));
+  }
+  if (!device_engine_) {
+    auto e = MakeDeviceEngine(c_, pool_.backend().base(), pool_.size());
+    if (!e.ok()) {
+      return absl::Status(e.status().code(),
+                          absl::StrCat(what, " on rank ", rank_, " of ", name_,
+                                       " with GPU buffers: ", e.status().message()));
+    }
+    device_engine_ = *std::move(e);
+  }
+  if (start) CXLRT_RETURN_IF_ERROR(device_engine_->StartAfter(stream));
+  return device_engine_.get();
+}
+
+absl::Status Communicator::EndOnStream(CopyEngine* engine, void* stream) {
+  if (engine != device_engine_.get() || engine == nullptr) return absl::OkStatus();
+  return device_engine_->FinishBefore(stream);
+}
+
+absl::StatusOr<algorithms::Call> Communicator::Begin(CollKind kind, DataType type, RedOp op,
+                                                     size_t count, int root, CopyEngine& engine) {
   if (root >= nranks_ || (root < 0 && (kind == CollKind::kBroadcast || kind == CollKind::kReduce ||
                                        kind == CollKind::kGather || kind == CollKind::kScatter))) {
     return absl::InvalidArgumentError(
@@ -544,7 +592,6 @@ absl::StatusOr<algorithms::Call> Communicator::Begin(CollKind kind, DataType typ
   d.root = root;
   d.count = count;
   d.call = ++calls_;
-  CopyEngine& engine = options_.engine ? *options_.engine : *cpu_engine_;
   transport_->BeginCall(d, absl::Now() + options_.timeout, &engine);
   return algorithms::Call{.t = *transport_,
                           .e = engine,
@@ -557,66 +604,136 @@ absl::StatusOr<algorithms::Call> Communicator::Begin(CollKind kind, DataType typ
                           .oneshot_max = options_.oneshot_max};
 }
 
+absl::Status Communicator::Usable() const {
+  if (destroyed_) return absl::FailedPreconditionError(name_ + " was destroyed");
+  if (!failed().ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(name_, " was aborted by an earlier error: ", failed().message()));
+  }
+  return absl::OkStatus();
+}
+
+void Communicator::Quiesce() {
+  if (proxy_) (void)proxy_->Drain();
+}
+
+absl::Status Communicator::Synchronize() {
+  if (!proxy_) return absl::OkStatus();
+  return proxy_->Drain();
+}
+
+absl::Status Communicator::AsyncError() const {
+  return proxy_ ? proxy_->error() : absl::OkStatus();
+}
+
+template <typename Algorithm>
+absl::Status Communicator::Run(CollKind kind, DataType type, RedOp op, size_t count, int root,
+                               const void* send, const void* recv, void* stream,
+                               Algorithm algorithm) {
+  if (options_.asynchronous) {
+    // The caller's thread: the checks that need no transport, the engine,
+    // a mark on the stream; the proxy runs the call (docs/gpu.md, "Streams").
+    if (destroyed_) return absl::FailedPreconditionError(name_ + " was destroyed");
+    if (absl::Status e = AsyncError(); !e.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(name_, " was aborted by an earlier error: ", e.message()));
+    }
+    CXLRT_ASSIGN_OR_RETURN(CopyEngine * engine,
+                           EngineFor(CollKindName(kind), {send, recv}, stream, /*start=*/false));
+    DeviceEngine* dev = engine == device_engine_.get() ? device_engine_.get() : nullptr;
+    uint64_t mark = 0;
+    if (dev) {
+      CXLRT_ASSIGN_OR_RETURN(mark, dev->Mark(stream));
+    }
+    if (!proxy_) {
+      proxy_ = std::make_unique<StreamProxy>([this](uint64_t seq) {
+        if (DeviceEngine* d = device_done_.load(std::memory_order_acquire)) d->SetDone(seq);
+      });
+    }
+    if (dev) device_done_.store(dev, std::memory_order_release);
+    const uint64_t seq = proxy_->Enqueue([=, this]() -> absl::Status {
+      CXLRT_RETURN_IF_ERROR(Usable());
+      if (dev) CXLRT_RETURN_IF_ERROR(dev->StartAfterMark(mark));
+      CXLRT_ASSIGN_OR_RETURN(algorithms::Call c, Begin(kind, type, op, count, root, *engine));
+      return algorithm(c);
+    });
+    return dev ? dev->WaitDoneOn(stream, seq) : absl::OkStatus();
+  }
+  return RunNow(kind, type, op, count, root, send, recv, stream, algorithm);
+}
+
+template <typename Algorithm>
+absl::Status Communicator::RunNow(CollKind kind, DataType type, RedOp op, size_t count, int root,
+                                  const void* send, const void* recv, void* stream,
+                                  Algorithm algorithm) {
+  CXLRT_RETURN_IF_ERROR(Usable());
+  CXLRT_ASSIGN_OR_RETURN(CopyEngine * engine, EngineFor(CollKindName(kind), {send, recv}, stream));
+  CXLRT_ASSIGN_OR_RETURN(algorithms::Call c, Begin(kind, type, op, count, root, *engine));
+  CXLRT_RETURN_IF_ERROR(algorithm(c));
+  return EndOnStream(engine, stream);
+}
+
 absl::Status Communicator::AllReduce(const void* send, void* recv, size_t count, DataType type,
-                                     RedOp op) {
-  CXLRT_ASSIGN_OR_RETURN(algorithms::Call c, Begin(CollKind::kAllReduce, type, op, count, -1));
-  return algorithms::AllReduce(c, send, recv, count, op);
+                                     RedOp op, void* stream) {
+  return Run(CollKind::kAllReduce, type, op, count, -1, send, recv, stream,
+             [=](algorithms::Call& c) { return algorithms::AllReduce(c, send, recv, count, op); });
 }
 
 absl::Status Communicator::ReduceScatter(const void* send, void* recv, size_t recvcount,
-                                         DataType type, RedOp op) {
-  CXLRT_ASSIGN_OR_RETURN(algorithms::Call c,
-                         Begin(CollKind::kReduceScatter, type, op, recvcount, -1));
-  return algorithms::ReduceScatter(c, send, recv, recvcount, op);
+                                         DataType type, RedOp op, void* stream) {
+  return Run(
+      CollKind::kReduceScatter, type, op, recvcount, -1, send, recv, stream,
+      [=](algorithms::Call& c) { return algorithms::ReduceScatter(c, send, recv, recvcount, op); });
 }
 
-absl::Status Communicator::AllGather(const void* send, void* recv, size_t sendcount,
-                                     DataType type) {
-  CXLRT_ASSIGN_OR_RETURN(algorithms::Call c,
-                         Begin(CollKind::kAllGather, type, RedOp::kSum, sendcount, -1));
-  return algorithms::AllGather(c, send, recv, sendcount);
+absl::Status Communicator::AllGather(const void* send, void* recv, size_t sendcount, DataType type,
+                                     void* stream) {
+  return Run(CollKind::kAllGather, type, RedOp::kSum, sendcount, -1, send, recv, stream,
+             [=](algorithms::Call& c) { return algorithms::AllGather(c, send, recv, sendcount); });
 }
 
 absl::Status Communicator::Broadcast(const void* send, void* recv, size_t count, DataType type,
-                                     int root) {
-  CXLRT_ASSIGN_OR_RETURN(algorithms::Call c,
-                         Begin(CollKind::kBroadcast, type, RedOp::kSum, count, root));
-  return algorithms::Broadcast(c, send, recv, count, root);
+                                     int root, void* stream) {
+  return Run(
+      CollKind::kBroadcast, type, RedOp::kSum, count, root, send, recv, stream,
+      [=](algorithms::Call& c) { return algorithms::Broadcast(c, send, recv, count, root); });
 }
 
 absl::Status Communicator::Reduce(const void* send, void* recv, size_t count, DataType type,
-                                  RedOp op, int root) {
-  CXLRT_ASSIGN_OR_RETURN(algorithms::Call c, Begin(CollKind::kReduce, type, op, count, root));
-  return algorithms::Reduce(c, send, recv, count, op, root);
+                                  RedOp op, int root, void* stream) {
+  return Run(
+      CollKind::kReduce, type, op, count, root, send, recv, stream,
+      [=](algorithms::Call& c) { return algorithms::Reduce(c, send, recv, count, op, root); });
 }
 
 absl::Status Communicator::Gather(const void* send, void* recv, size_t sendcount, DataType type,
-                                  int root) {
-  CXLRT_ASSIGN_OR_RETURN(algorithms::Call c,
-                         Begin(CollKind::kGather, type, RedOp::kSum, sendcount, root));
-  return algorithms::Gather(c, send, recv, sendcount, root);
+                                  int root, void* stream) {
+  return Run(
+      CollKind::kGather, type, RedOp::kSum, sendcount, root, send, recv, stream,
+      [=](algorithms::Call& c) { return algorithms::Gather(c, send, recv, sendcount, root); });
 }
 
 absl::Status Communicator::Scatter(const void* send, void* recv, size_t recvcount, DataType type,
-                                   int root) {
-  CXLRT_ASSIGN_OR_RETURN(algorithms::Call c,
-                         Begin(CollKind::kScatter, type, RedOp::kSum, recvcount, root));
-  return algorithms::Scatter(c, send, recv, recvcount, root);
+                                   int root, void* stream) {
+  return Run(
+      CollKind::kScatter, type, RedOp::kSum, recvcount, root, send, recv, stream,
+      [=](algorithms::Call& c) { return algorithms::Scatter(c, send, recv, recvcount, root); });
 }
 
-absl::Status Communicator::AllToAll(const void* send, void* recv, size_t count, DataType type) {
-  CXLRT_ASSIGN_OR_RETURN(algorithms::Call c,
-                         Begin(CollKind::kAllToAll, type, RedOp::kSum, count, -1));
-  return algorithms::AllToAll(c, send, recv, count);
+absl::Status Communicator::AllToAll(const void* send, void* recv, size_t count, DataType type,
+                                    void* stream) {
+  return Run(CollKind::kAllToAll, type, RedOp::kSum, count, -1, send, recv, stream,
+             [=](algorithms::Call& c) { return algorithms::AllToAll(c, send, recv, count); });
 }
 
 absl::Status Communicator::Barrier() {
-  CXLRT_ASSIGN_OR_RETURN(algorithms::Call c,
-                         Begin(CollKind::kBarrier, DataType::kUint8, RedOp::kSum, 0, -1));
-  return algorithms::Barrier(c);
+  Quiesce();
+  return RunNow(CollKind::kBarrier, DataType::kUint8, RedOp::kSum, 0, -1, nullptr, nullptr, nullptr,
+                [](algorithms::Call& c) { return algorithms::Barrier(c); });
 }
 
 absl::StatusOr<void*> Communicator::Allocate(size_t bytes) {
+  Quiesce();
   CXLRT_ASSIGN_OR_RETURN(PoolOffset off,
                          alloc_.Allocate(std::max<size_t>(bytes, 1), {.alignment = 4096}));
   buffers_.push_back(off);
@@ -624,6 +741,7 @@ absl::StatusOr<void*> Communicator::Allocate(size_t bytes) {
 }
 
 absl::Status Communicator::Free(void* p) {
+  Quiesce();
   auto off = InPool(p, 1);
   auto it = off ? std::find(buffers_.begin(), buffers_.end(), *off) : buffers_.end();
   if (it == buffers_.end()) {

@@ -24,7 +24,9 @@
 // one pool.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -39,6 +41,7 @@
 #include "collectives/algorithms/algorithm.h"
 #include "collectives/comm_layout.h"
 #include "collectives/copy_engine.h"
+#include "collectives/device.h"
 #include "collectives/transport.h"
 #include "collectives/types.h"
 #include "runtime/pool.h"
@@ -47,6 +50,8 @@
 namespace cxlrt::collectives {
 
 using runtime::PoolOffset;
+
+class StreamProxy;  // collectives/stream_proxy.h
 
 struct CommOptions {
   // Every wait of a call gives up after this (kDeadlineExceeded).
@@ -71,6 +76,13 @@ struct CommOptions {
   // Moves the bytes of every collective (not of Send/Recv). Null: the CPU
   // engine. Not owned; must outlive the communicator.
   CopyEngine* engine = nullptr;
+  // NCCL's model: a collective is queued and returns at once; a proxy
+  // thread of the communicator runs the calls in order. A device call's
+  // stream waits (on the GPU) for it; host buffers are the caller's again
+  // after Synchronize. Errors reach the next call and Synchronize /
+  // AsyncError. Barrier, Send, Recv, Allocate, Free, Abort and Destroy
+  // first wait for the queued calls. Local to this rank (docs/gpu.md).
+  bool asynchronous = false;
 };
 
 // Rank and size as the launcher set them: cxlrt run (CXLRT_RANK /
@@ -109,22 +121,44 @@ class Communicator {
   // when send == recv (for AllGather: send == recv + rank * count; for
   // ReduceScatter: recv == send + rank * recvcount). Buffers that lie in the
   // pool (from Allocate) are read in place instead of copied in.
-  absl::Status AllReduce(const void* send, void* recv, size_t count, DataType type, RedOp op);
+  //
+  // Buffers may be GPU memory (collectives/device.h, docs/gpu.md): the call
+  // then moves them with the CUDA engine (DMA to and from the pool,
+  // reductions on the GPU). Every non-pool buffer of one call must be of
+  // one kind; ranks may differ. `stream` (a cudaStream_t; null: the legacy
+  // default stream) orders a device call: it starts after the work enqueued
+  // on the stream before it, and work enqueued after it sees the result.
+  // The protocol runs on the calling thread, which returns once the result
+  // is in place (docs/gpu.md, "Streams"). With host buffers a non-null
+  // stream is synchronised before the call.
+  absl::Status AllReduce(const void* send, void* recv, size_t count, DataType type, RedOp op,
+                         void* stream = nullptr);
   absl::Status ReduceScatter(const void* send, void* recv, size_t recvcount, DataType type,
-                             RedOp op);
-  absl::Status AllGather(const void* send, void* recv, size_t sendcount, DataType type);
-  absl::Status Broadcast(const void* send, void* recv, size_t count, DataType type, int root);
-  absl::Status Reduce(const void* send, void* recv, size_t count, DataType type, RedOp op,
-                      int root);
-  absl::Status Gather(const void* send, void* recv, size_t sendcount, DataType type, int root);
-  absl::Status Scatter(const void* send, void* recv, size_t recvcount, DataType type, int root);
-  absl::Status AllToAll(const void* send, void* recv, size_t count, DataType type);
+                             RedOp op, void* stream = nullptr);
+  absl::Status AllGather(const void* send, void* recv, size_t sendcount, DataType type,
+                         void* stream = nullptr);
+  absl::Status Broadcast(const void* send, void* recv, size_t count, DataType type, int root,
+                         void* stream = nullptr);
+  absl::Status Reduce(const void* send, void* recv, size_t count, DataType type, RedOp op, int root,
+                      void* stream = nullptr);
+  absl::Status Gather(const void* send, void* recv, size_t sendcount, DataType type, int root,
+                      void* stream = nullptr);
+  absl::Status Scatter(const void* send, void* recv, size_t recvcount, DataType type, int root,
+                       void* stream = nullptr);
+  absl::Status AllToAll(const void* send, void* recv, size_t count, DataType type,
+                        void* stream = nullptr);
   absl::Status Barrier();
+  // Asynchronous mode: waits until every queued call has run; returns the
+  // first error one of them met (OK in synchronous mode).
+  absl::Status Synchronize();
+  // Asynchronous mode: the first error a queued call met so far, without
+  // waiting (ncclCommGetAsyncError); OK in synchronous mode.
+  absl::Status AsyncError() const;
   // Point to point: a Send must meet a Recv of the same count and type.
   // Sends to one peer arrive in order. Send returns once its bytes are in
-  // the pool.
-  absl::Status Send(const void* buf, size_t count, DataType type, int peer);
-  absl::Status Recv(void* buf, size_t count, DataType type, int peer);
+  // the pool. Buffers and streams as for the collectives.
+  absl::Status Send(const void* buf, size_t count, DataType type, int peer, void* stream = nullptr);
+  absl::Status Recv(void* buf, size_t count, DataType type, int peer, void* stream = nullptr);
 
   // A buffer in the pool that collectives use in place (zero-copy). Freed
   // with Free or when the communicator is destroyed.
@@ -163,9 +197,32 @@ class Communicator {
   }
 
   // Starts a collective: checks the communicator is usable and the
-  // arguments, numbers the call, and hands the algorithm its context.
+  // arguments, picks the engine for its buffers, numbers the call, and
+  // hands the algorithm its context.
   absl::StatusOr<algorithms::Call> Begin(CollKind kind, DataType type, RedOp op, size_t count,
-                                         int root);
+                                         int root, CopyEngine& engine);
+  // OK, or why no call may start (destroyed, aborted).
+  absl::Status Usable() const;
+  // Asynchronous mode: waits for the queued calls before a call that runs
+  // on the caller's thread.
+  void Quiesce();
+  // Runs `algorithm` as collective `kind` over buffers send and recv (either
+  // may be null) ordered on `stream`.
+  template <typename Algorithm>
+  absl::Status Run(CollKind kind, DataType type, RedOp op, size_t count, int root, const void* send,
+                   const void* recv, void* stream, Algorithm algorithm);
+  // Run without the asynchronous queue: on the caller's thread.
+  template <typename Algorithm>
+  absl::Status RunNow(CollKind kind, DataType type, RedOp op, size_t count, int root,
+                      const void* send, const void* recv, void* stream, Algorithm algorithm);
+  // The engine for a call over `buffers`: the options' engine, else the
+  // CUDA engine when one of them is device memory (made on first use), else
+  // the CPU engine. Orders a device engine after `stream`.
+  absl::StatusOr<CopyEngine*> EngineFor(const char* what,
+                                        std::initializer_list<const void*> buffers, void* stream,
+                                        bool start = true);
+  // After a call on `engine`: orders `stream` after it.
+  absl::Status EndOnStream(CopyEngine* engine, void* stream);
   // Publishes the bytes of a flag line after its flag word (see .cc).
   void PublishBody(runtime::PoolOffset line, const void* obj, size_t size);
   // Rank 0's Destroy: waits until no rank can write the block any more.
@@ -195,13 +252,18 @@ class Communicator {
   std::unique_ptr<PeerWatch> watch_;
   int spins_ = -1;  // spins before a wait yields; -1: CXLRT_WAIT_SPINS
   std::unique_ptr<CopyEngine> cpu_engine_;
-  std::unique_ptr<Transport> transport_;  // after Join
+  std::unique_ptr<DeviceEngine> device_engine_;  // on the first call with device buffers
+  std::unique_ptr<Transport> transport_;         // after Join
 
   uint64_t calls_ = 0;
   absl::Time deadline_;                    // of the current Send or Recv
   std::vector<uint64_t> sent_, received_;  // p2p chunks per peer
   std::vector<PoolOffset> buffers_;        // from Allocate
   bool destroyed_ = false;
+  // Asynchronous mode: the proxy thread (made on the first call). Declared
+  // last: it is joined before the engines and the transport go.
+  std::atomic<DeviceEngine*> device_done_{nullptr};  // the engine the proxy reports to
+  std::unique_ptr<StreamProxy> proxy_;
   bool made_block_ = false;  // rank 0 made the block (frees it if joining fails)
 };
 

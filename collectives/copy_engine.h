@@ -39,6 +39,10 @@ class CopyEngine {
 
   virtual ~CopyEngine() = default;
   virtual const char* name() const = 0;
+  // Whether the caller's buffers are host memory the algorithm may read
+  // itself (to post a tiny chunk inline in its post line). False for the
+  // CUDA engine: device buffers are reached only through the engine.
+  virtual bool host_buffers() const { return true; }
 
   // Copies [src, src+n) into the pool at `dst`.
   virtual Ticket ToPool(runtime::PoolOffset dst, const void* src, size_t n) = 0;

@@ -10,7 +10,19 @@ namespace cxlrt::collectives {
 
 using algorithms::Chunks;
 
-absl::Status Communicator::Send(const void* buf, size_t count, DataType type, int peer) {
+namespace {
+
+// Runs one engine copy of a point-to-point chunk to completion.
+absl::Status Finish(CopyEngine& e, CopyEngine::Ticket t, absl::Time deadline) {
+  if (t == 0) return absl::OkStatus();
+  return e.Wait(t, deadline);
+}
+
+}  // namespace
+
+absl::Status Communicator::Send(const void* buf, size_t count, DataType type, int peer,
+                                void* stream) {
+  Quiesce();
   if (destroyed_ || !failed().ok()) {
     return absl::FailedPreconditionError(absl::StrCat(name_, " is aborted or destroyed"));
   }
@@ -18,6 +30,9 @@ absl::Status Communicator::Send(const void* buf, size_t count, DataType type, in
     return absl::InvalidArgumentError(
         absl::StrCat("Send to rank ", peer, " from rank ", rank_, " of ", nranks_));
   }
+  // Device buffers move through the CUDA engine; host ones as before.
+  CXLRT_ASSIGN_OR_RETURN(CopyEngine * engine, EngineFor("Send", {buf}, stream));
+  DeviceEngine* dev = engine == device_engine_.get() ? device_engine_.get() : nullptr;
   deadline_ = absl::Now() + options_.timeout;
   const size_t bytes = count * SizeOf(type);
   const auto* in = static_cast<const uint8_t*>(buf);
@@ -32,7 +47,16 @@ absl::Status Communicator::Send(const void* buf, size_t count, DataType type, in
       return Fail(absl::Status(s.code(), absl::StrCat("Send from rank ", rank_, " to rank ", peer,
                                                       " of ", name_, ": ", s.message())));
     }
-    c_.CopyToPool(P2pBufferAt(rank_, peer), in + at, len);
+    if (dev) {
+      if (absl::Status d =
+              Finish(*dev, dev->ToPool(P2pBufferAt(rank_, peer), in + at, len), deadline_);
+          !d.ok()) {
+        return Fail(absl::Status(d.code(), absl::StrCat("Send from rank ", rank_, " to rank ", peer,
+                                                        ": the cuda copy engine: ", d.message())));
+      }
+    } else {
+      c_.CopyToPool(P2pBufferAt(rank_, peer), in + at, len);
+    }
     P2pLayout p = {};
     p.bytes = len;
     p.total = count;
@@ -41,10 +65,11 @@ absl::Status Communicator::Send(const void* buf, size_t count, DataType type, in
     PublishBody(line, &p, offsetof(P2pLayout, pad0));
     c_.StoreFlag(line, seq);
   }
-  return absl::OkStatus();
+  return EndOnStream(engine, stream);
 }
 
-absl::Status Communicator::Recv(void* buf, size_t count, DataType type, int peer) {
+absl::Status Communicator::Recv(void* buf, size_t count, DataType type, int peer, void* stream) {
+  Quiesce();
   if (destroyed_ || !failed().ok()) {
     return absl::FailedPreconditionError(absl::StrCat(name_, " is aborted or destroyed"));
   }
@@ -52,6 +77,8 @@ absl::Status Communicator::Recv(void* buf, size_t count, DataType type, int peer
     return absl::InvalidArgumentError(
         absl::StrCat("Recv from rank ", peer, " at rank ", rank_, " of ", nranks_));
   }
+  CXLRT_ASSIGN_OR_RETURN(CopyEngine * engine, EngineFor("Recv", {buf}, stream));
+  DeviceEngine* dev = engine == device_engine_.get() ? device_engine_.get() : nullptr;
   deadline_ = absl::Now() + options_.timeout;
   const size_t bytes = count * SizeOf(type);
   auto* out = static_cast<uint8_t*>(buf);
@@ -79,10 +106,18 @@ absl::Status Communicator::Recv(void* buf, size_t count, DataType type, int peer
                        p.type < kNumDataTypes ? DataTypeName(static_cast<DataType>(p.type)) : "?",
                        ") on ", name_)));
     }
-    if (len) c_.CopyFromPool(out + at, P2pBufferAt(peer, rank_), len);
+    if (len && dev) {
+      const uint8_t* from = c_.BeginRead(P2pBufferAt(peer, rank_), len);
+      if (absl::Status d = Finish(*dev, dev->FromPool(out + at, from, len), deadline_); !d.ok()) {
+        return Fail(absl::Status(d.code(), absl::StrCat("Recv at rank ", rank_, " from rank ", peer,
+                                                        ": the cuda copy engine: ", d.message())));
+      }
+    } else if (len) {
+      c_.CopyFromPool(out + at, P2pBufferAt(peer, rank_), len);
+    }
     c_.StoreFlag(P2pAt(peer, rank_) + offsetof(P2pLayout, consumed), seq);
   }
-  return absl::OkStatus();
+  return EndOnStream(engine, stream);
 }
 
 }  // namespace cxlrt::collectives

@@ -27,7 +27,8 @@ constexpr ConfigVar kTable[] = {
     {"CXLRT_FAULT", "", "Fault points to fire: point:action[:count],... (docs/faults.md)."},
     {"CXLRT_COMM_TIMEOUT_MS", "60000", "Deadline of every wait of a collective call."},
     {"CXLRT_COMM_SLOT_BYTES", "1048576",
-     "Bytes of each of a rank's data slots in a communicator (the largest chunk it posts)."},
+     "Bytes of each of a rank's data slots in a communicator (the largest chunk it posts); "
+     "unset on a machine with a GPU: 4194304 (docs/gpu.md)."},
     {"CXLRT_COMM_P2P_BYTES", "65536", "Bytes of each Send/Recv buffer (one per rank pair)."},
     {"CXLRT_ALLREDUCE_ONESHOT_MAX", "65536",
      "All-reduces up to this many bytes run one-shot; larger ones two-shot."},
@@ -40,6 +41,9 @@ constexpr ConfigVar kTable[] = {
     {"CXLRT_PIN", "auto",
      "Core pinning of the ranks `cxlrt run` and `cxlrt bench` start: auto (round-robin over the "
      "allowed cores when ranks do not outnumber them), off, or a comma-separated core list."},
+    {"CXLRT_CUDA_REDUCE", "staged",
+     "How GPU reductions read peers' chunks: staged (the copy engine moves them into device "
+     "memory first) or mapped (the kernel reads the registered pool); docs/gpu.md."},
 };
 
 absl::Status ParseUint(const char* name, const char* value, uint32_t lo, uint32_t hi,
@@ -138,6 +142,7 @@ absl::StatusOr<Config> ParseConfig(const std::function<const char*(const char*)>
         !s.ok()) {
       return s;
     }
+    c.comm_slot_bytes_set = true;
   }
   if (const char* v = getenv("CXLRT_COMM_P2P_BYTES"); v && *v) {
     if (auto s = ParseUint("CXLRT_COMM_P2P_BYTES", v, 4096, 1u << 30, &c.comm_p2p_bytes); !s.ok()) {
@@ -168,6 +173,14 @@ absl::StatusOr<Config> ParseConfig(const std::function<const char*(const char*)>
           "CXLRT_PIN='", p, "' is not auto, off or a comma-separated list of core numbers"));
     }
     c.pin = p == "auto" ? "" : p;
+  }
+  if (const char* v = getenv("CXLRT_CUDA_REDUCE"); v && *v) {
+    const std::string m = v;
+    if (m != "mapped" && m != "staged") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CXLRT_CUDA_REDUCE='", m, "' is not mapped or staged"));
+    }
+    c.cuda_reduce = m;
   }
   return c;
 }

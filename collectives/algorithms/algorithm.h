@@ -66,6 +66,10 @@ struct Call {
   size_t ahead() const;
 };
 
+// Slots at least this large mark a communicator of GPU ranks: ChunkBytes
+// then cuts large chunks (collectives/device.h, docs/gpu.md).
+inline constexpr uint64_t kDeviceSlotBytes = 4 << 20;
+
 // Bytes of one chunk of a rank's contribution for a call whose largest
 // contribution per rank is `bytes`, split into `pieces` pieces per post
 // (one per rank for all-to-all, scatter and reduce-scatter, else 1): the

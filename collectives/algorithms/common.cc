@@ -31,7 +31,12 @@ absl::Status PeerSources(Call& c, uint64_t s, const void* own, size_t offset, si
   return absl::OkStatus();
 }
 
-size_t Call::ahead() const { return std::min<size_t>(2, t.depth() - 1); }
+// Two posts ahead keep a CPU pipeline busy; a device engine's copies and
+// kernels complete tens of microseconds after they are issued, so it runs
+// as far ahead as the ring allows (docs/gpu.md, "Chunks").
+size_t Call::ahead() const {
+  return e.host_buffers() ? std::min<size_t>(2, t.depth() - 1) : t.depth() - 1;
+}
 
 size_t ChunkBytes(const Call& c, CollKind kind, size_t bytes, int pieces) {
   (void)kind;  // one table serves every collective so far (docs/collectives.md)
@@ -41,7 +46,14 @@ size_t ChunkBytes(const Call& c, CollKind kind, size_t bytes, int pieces) {
   // before and the next one's copy overlap; past 8 MiB, where every copy
   // runs from memory, 256 KiB chunks.
   size_t chunk = c.chunk_override;
-  if (chunk == 0) {
+  if (chunk == 0 && c.t.slot_bytes() >= kDeviceSlotBytes) {
+    // A communicator of GPU ranks (slots of 4 MiB or more, the default when
+    // rank 0 has a GPU): every chunk costs a DMA, an event and a kernel of
+    // tens of microseconds each, so chunks are an eighth of the message, 1
+    // MiB at least, up to the slot (docs/gpu.md, "Chunks"). Every rank
+    // sees the same slot size (rank 0's), so every rank cuts alike.
+    chunk = bytes <= (1u << 20) ? bytes : std::max<size_t>(bytes / 8, 1u << 20);
+  } else if (chunk == 0) {
     chunk = bytes <= (512u << 10) ? bytes : bytes <= (8u << 20) ? (512u << 10) : (256u << 10);
   }
   const size_t fit = c.t.slot_bytes() / std::max(1, pieces);
@@ -56,7 +68,7 @@ absl::Status PostPieces(Call& c, uint64_t s, const uint8_t* src, size_t piece_le
     return c.t.Publish(s, {*in_place, piece_len, src_stride, pieces}, /*in_place=*/true);
   }
   const size_t total = piece_len * pieces;
-  if (total <= kInlineBytes) {
+  if (total <= kInlineBytes && c.e.host_buffers()) {
     uint8_t bytes[kInlineBytes];
     for (int j = 0; j < pieces; ++j) {
       if (piece_len) std::memcpy(bytes + j * piece_len, src + j * src_stride, piece_len);

@@ -757,6 +757,29 @@ TEST_P(CollectivesTest, EveryCollectiveStaysExactWhenTheEngineCompletesLateAndOu
       absl::Seconds(120), o);
 }
 
+TEST_P(CollectivesTest, EveryCollectiveStaysExactUnderTheCudaEnginesOrdering) {
+  // The CUDA engine's contract replayed on the CPU: no inline posts (device
+  // buffers are not host-readable), every copy and reduction a ticket that
+  // completes late and out of order. Tiny calls then go through slots too.
+  engine_factory_ = [](runtime::Coherence& c, int r) -> std::unique_ptr<CopyEngine> {
+    return std::make_unique<LateEngine>(c, 4321 + r, /*device_like=*/true);
+  };
+  CommOptions o;
+  o.slot_bytes = 8192;
+  o.oneshot_max = 1024;
+  auto cases = PipelineCases();
+  for (CollKind k : AllKinds()) {
+    cases.push_back({k, DataType::kFloat16, RedOp::kSum, 1, Rooted(k) ? 1 : -1, false, false});
+    cases.push_back({k, DataType::kInt64, RedOp::kMax, 5, Rooted(k) ? 0 : -1, false, false});
+  }
+  RunRanks(
+      3,
+      [&](Communicator& comm, allocator::Allocator& alloc) {
+        return RunAll(comm, cases, alloc.pool());
+      },
+      absl::Seconds(120), o);
+}
+
 TEST_P(CollectivesTest, ARankStalledMidStreamDelaysTheOthersButNotTheirResults) {
   // Rank 1 stalls 300 ms before publishing its 7th post (inside a call of
   // many chunks): the others run ahead up to their rings and wait; every
@@ -920,6 +943,83 @@ TEST_P(CollectivesTest, ARankKilledMidPipelineAbortsTheOthersNamingIt) {
         return "";
       },
       absl::Seconds(60), o, "killed-pipeline",
+      [](int r) { return r == 2 ? runtime::kFaultExitCode : 0; });
+}
+
+TEST_P(CollectivesTest, AsynchronousCallsQueueAndRunInOrderOnTheProxy) {
+  // Calls return once queued; Synchronize waits for them; every result is
+  // exact, in call order (each call's input depends on the one before).
+  CommOptions o;
+  o.asynchronous = true;
+  RunRanks(
+      3,
+      [](Communicator& comm, allocator::Allocator&) -> std::string {
+        const int n = comm.size(), r = comm.rank();
+        constexpr int kCalls = 12;
+        constexpr size_t kCount = 300000;  // two-shot, several chunks
+        std::vector<std::vector<int64_t>> in(kCalls, std::vector<int64_t>(kCount));
+        std::vector<std::vector<int64_t>> out(kCalls, std::vector<int64_t>(kCount, -1));
+        for (int k = 0; k < kCalls; ++k) {
+          for (size_t i = 0; i < kCount; ++i) in[k][i] = 1000 * k + r + static_cast<int64_t>(i);
+          absl::Status s =
+              comm.AllReduce(in[k].data(), out[k].data(), kCount, DataType::kInt64, RedOp::kSum);
+          if (!s.ok()) return absl::StrCat("call ", k, " was not queued: ", s.ToString());
+        }
+        if (absl::Status s = comm.Synchronize(); !s.ok()) return "Synchronize: " + s.ToString();
+        for (int k = 0; k < kCalls; ++k) {
+          for (size_t i = 0; i < kCount; ++i) {
+            const int64_t want =
+                n * (1000 * k + static_cast<int64_t>(i)) + int64_t{n} * (n - 1) / 2;
+            if (out[k][i] != want) {
+              return absl::StrCat("call ", k, " element ", i, ": ", out[k][i], ", want ", want);
+            }
+          }
+        }
+        // Synchronous entry points wait for the queue first.
+        int64_t x = r, y = 0;
+        if (!comm.AllReduce(&x, &y, 1, DataType::kInt64, RedOp::kSum).ok()) return "last call";
+        if (absl::Status s = comm.Barrier(); !s.ok()) return "Barrier: " + s.ToString();
+        if (y != int64_t{n} * (n - 1) / 2) return absl::StrCat("queued call before Barrier: ", y);
+        return comm.AsyncError().ok() ? "" : comm.AsyncError().ToString();
+      },
+      absl::Seconds(120), o, "async");
+}
+
+TEST_P(CollectivesTest, AsynchronousErrorsReachSynchronizeAndTheNextCall) {
+  // Rank 2 dies inside the queued calls: the others' Synchronize reports
+  // kAborted naming it, and their next call is refused with that error.
+  CommOptions o;
+  o.asynchronous = true;
+  o.timeout = absl::Seconds(30);
+  o.slot_bytes = 4096;
+  RunRanks(
+      3,
+      [](Communicator& comm, allocator::Allocator&) -> std::string {
+        if (comm.rank() == 2) {
+          absl::Status armed = runtime::ArmFaults("coll.round.posted:crash:30");
+          if (!armed.ok()) return armed.ToString();
+        }
+        std::vector<float> a(100000, 1.0f), b(100000);
+        for (int k = 0; k < 4; ++k) {
+          absl::Status s =
+              comm.AllReduce(a.data(), b.data(), a.size(), DataType::kFloat32, RedOp::kSum);
+          if (!s.ok()) return "queueing failed: " + s.ToString();
+        }
+        absl::Status s = comm.Synchronize();
+        if (comm.rank() == 2) return "rank 2 survived its crash point";
+        if (s.code() != absl::StatusCode::kAborted) return "not aborted: " + s.ToString();
+        if (std::string(s.message()).find("rank 2") == std::string::npos) {
+          return "does not name rank 2: " + s.ToString();
+        }
+        if (comm.AsyncError().code() != absl::StatusCode::kAborted) return "AsyncError lost it";
+        absl::Status next = comm.AllReduce(a.data(), b.data(), 1, DataType::kFloat32, RedOp::kSum);
+        if (next.code() != absl::StatusCode::kFailedPrecondition ||
+            std::string(next.message()).find("rank 2") == std::string::npos) {
+          return "the next call: " + next.ToString();
+        }
+        return "";
+      },
+      absl::Seconds(60), o, "async-killed",
       [](int r) { return r == 2 ? runtime::kFaultExitCode : 0; });
 }
 

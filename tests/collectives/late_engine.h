@@ -19,8 +19,13 @@ namespace cxlrt::collectives {
 
 class LateEngine final : public CopyEngine {
  public:
-  LateEngine(runtime::Coherence& c, uint32_t seed) : c_(c), rng_(seed) {}
+  // `device_like`: behave as the CUDA engine does towards the algorithms:
+  // caller buffers are not host-readable (no inline posts), so every chunk
+  // goes through ToPool and completes late.
+  LateEngine(runtime::Coherence& c, uint32_t seed, bool device_like = false)
+      : c_(c), rng_(seed), device_like_(device_like) {}
   const char* name() const override { return "late (test)"; }
+  bool host_buffers() const override { return !device_like_; }
 
   Ticket ToPool(runtime::PoolOffset dst, const void* src, size_t n) override {
     return Add([this, dst, src, n] {
@@ -75,6 +80,7 @@ class LateEngine final : public CopyEngine {
 
   runtime::Coherence& c_;
   std::mt19937 rng_;
+  const bool device_like_;
   Ticket next_ = 0;
   std::map<Ticket, std::function<void()>> pending_;
   uint64_t ran_ = 0;
