@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -32,6 +34,8 @@ constexpr uint64_t kStateTombstone = static_cast<uint64_t>(EntryState::kTombston
 constexpr uint64_t kPublishEvery = 64;
 // Batches of at least this many bytes are copied on several threads.
 constexpr uint64_t kParallelMinBytes = 1 << 20;
+// How long a batch waits for its GPU copies before it reports them failed.
+constexpr absl::Duration kDeviceCopyDeadline = absl::Seconds(60);
 
 uint64_t Mix(uint64_t h) {
   h ^= h >> 33;
@@ -480,12 +484,20 @@ absl::Status Store::Put(absl::string_view ns, absl::string_view key, const void*
                         size_t size) {
   CXLRT_RETURN_IF_ERROR(CheckName("key", key, kMaxKeyBytes));
   CXLRT_ASSIGN_OR_RETURN(uint32_t id, NamespaceId(ns, true));
+  if (auto kinds = KindsOf(&data, 1); !kinds.empty()) {
+    return DeviceBatchPut(id, ns, {PutItem{key, data, size}}, kinds)[0];
+  }
   return PutOne(id, ns, key, data, size);
 }
 
 std::vector<absl::Status> Store::BatchPut(absl::string_view ns, absl::Span<const PutItem> items) {
   std::vector<absl::Status> out(items.size());
   auto id = NamespaceId(ns, true);
+  std::vector<const void*> ptrs;
+  for (const PutItem& it : items) ptrs.push_back(it.data);
+  if (auto kinds = KindsOf(ptrs.data(), ptrs.size()); id.ok() && !kinds.empty()) {
+    return DeviceBatchPut(*id, ns, items, kinds);
+  }
   uint64_t bytes = 0;
   for (const PutItem& it : items) bytes += it.size;
   ForEachItem(items.size(), bytes, [&](size_t i) {
@@ -510,6 +522,13 @@ void Store::ForEachItem(size_t n, uint64_t bytes, const std::function<void(size_
 
 absl::Status Store::PutOne(uint32_t ns, absl::string_view ns_name, absl::string_view key,
                            const void* data, size_t size) {
+  CXLRT_ASSIGN_OR_RETURN(const Reserved r, Reserve(ns, ns_name, key, size));
+  c_.CopyToPool(r.block, data, size);
+  return Seal(ns, key, r, size);
+}
+
+absl::StatusOr<Store::Reserved> Store::Reserve(uint32_t ns, absl::string_view ns_name,
+                                               absl::string_view key, size_t size) {
   if (size == 0) return absl::InvalidArgumentError("a value of 0 bytes");
   const uint64_t quota = QuotaOf(ns);
   if (quota != 0 && size > quota) {
@@ -620,7 +639,18 @@ absl::Status Store::PutOne(uint32_t ns, absl::string_view ns_name, absl::string_
     WriteEntry(index, e);  // unsealed: invisible, and dropped by recovery
   }
   // The copy runs without the lock: other threads put and get meanwhile.
-  c_.CopyToPool(block, data, size);
+  return Reserved{index, block, gen, hash};
+}
+
+void Store::Abandon(const Reserved& r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  local_[r.index].busy = false;
+  (void)alloc_.Free(r.block);
+  Tombstone(r.index);
+}
+
+absl::Status Store::Seal(uint32_t ns, absl::string_view key, const Reserved& r, size_t size) {
+  const auto [index, block, gen, hash] = r;
   if (key.size() > kInlineKeyBytes) {
     c_.Publish(block + size, key.data() + kInlineKeyBytes, key.size() - kInlineKeyBytes);
   }
@@ -658,6 +688,10 @@ absl::StatusOr<size_t> Store::Get(absl::string_view ns, absl::string_view key, v
   CXLRT_RETURN_IF_ERROR(CheckName("key", key, kMaxKeyBytes));
   auto id = NamespaceId(ns, false);
   if (!id.ok()) return id.status();
+  const void* p = dst;
+  if (auto kinds = KindsOf(&p, 1); !kinds.empty()) {
+    return DeviceBatchGet(*id, {GetItem{key, dst, capacity}}, kinds)[0];
+  }
   return GetOne(*id, key, dst, capacity);
 }
 
@@ -665,6 +699,11 @@ std::vector<absl::StatusOr<size_t>> Store::BatchGet(absl::string_view ns,
                                                     absl::Span<const GetItem> items) {
   std::vector<absl::StatusOr<size_t>> out(items.size(), absl::UnknownError("not run"));
   auto id = NamespaceId(ns, false);
+  std::vector<const void*> ptrs;
+  for (const GetItem& it : items) ptrs.push_back(it.dst);
+  if (auto kinds = KindsOf(ptrs.data(), ptrs.size()); id.ok() && !kinds.empty()) {
+    return DeviceBatchGet(*id, items, kinds);
+  }
   uint64_t bytes = 0;
   for (const GetItem& it : items) bytes += it.capacity;
   ForEachItem(items.size(), bytes, [&](size_t i) {
@@ -679,16 +718,9 @@ std::vector<absl::StatusOr<size_t>> Store::BatchGet(absl::string_view ns,
   return out;
 }
 
-absl::StatusOr<size_t> Store::GetOne(uint32_t ns, absl::string_view key, void* dst,
-                                     size_t capacity) {
+absl::StatusOr<size_t> Store::GetOne(uint32_t ns, absl::string_view key, void* dst, size_t capacity,
+                                     collectives::DeviceEngine* dev) {
   const uint64_t hash = KeyHash(ns, key);
-  auto count = [&](std::atomic<uint64_t>* counter) {
-    counter[ns].fetch_add(1, std::memory_order_relaxed);
-    if (reads_.fetch_add(1, std::memory_order_relaxed) % kPublishEvery == 0) {
-      std::lock_guard<std::mutex> lock(mu_);
-      PublishCounters(ns);
-    }
-  };
   // A get that races an eviction sees the seal change and looks again; a
   // key evicted for good is then not found.
   int waits = 0;  // evictions waited out (each one put the entry back)
@@ -720,20 +752,250 @@ absl::StatusOr<size_t> Store::GetOne(uint32_t ns, absl::string_view key, void* d
                                                      e.value_size, " bytes; the destination holds ",
                                                      capacity));
     }
-    c_.CopyFromPoolStreaming(dst, e.block, e.value_size);
+    if (dev) {
+      // A DMA read returns this host's cached copy of a line when it has
+      // one: drop the lines first, as CopyFromPool does.
+      c_.Invalidate(e.block, e.value_size);
+      const auto t = dev->FromPool(dst, pool_.backend().base() + e.block, e.value_size);
+      CXLRT_RETURN_IF_ERROR(dev->Wait(t, absl::Now() + kDeviceCopyDeadline));
+    } else {
+      c_.CopyFromPoolStreaming(dst, e.block, e.value_size);
+    }
     // Loads of the value before the seal's: x86 keeps loads in order; the
     // fence keeps the compiler from moving them.
     std::atomic_thread_fence(std::memory_order_acquire);
     if (!SealIs(found->partition, found->index, e.gen)) continue;  // evicted meanwhile
-    count(hits_.get());
-    if (found->partition == me_) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (local_[found->index].gen == e.gen) order_->Touch(found->index);
-    }
+    CountHit(ns, found->partition, found->index, e.gen);
     return static_cast<size_t>(e.value_size);
   }
-  count(misses_.get());
+  Count(misses_.get(), ns);
   return absl::NotFoundError(absl::StrCat("key '", Printable(key), "' is not in the store"));
+}
+
+void Store::Count(std::atomic<uint64_t>* counter, uint32_t ns) {
+  counter[ns].fetch_add(1, std::memory_order_relaxed);
+  if (reads_.fetch_add(1, std::memory_order_relaxed) % kPublishEvery == 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    PublishCounters(ns);
+  }
+}
+
+void Store::CountHit(uint32_t ns, uint32_t partition, uint32_t index, uint64_t gen) {
+  Count(hits_.get(), ns);
+  if (partition == me_) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (local_[index].gen == gen) order_->Touch(index);
+  }
+}
+
+// --- GPU memory ---
+
+std::vector<collectives::MemoryKind> Store::KindsOf(const void* const* ptrs, size_t n) {
+  std::vector<collectives::MemoryKind> kinds;
+  if (!collectives::DevicesAvailable()) return kinds;
+  bool any = false;
+  kinds.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    kinds[i] = collectives::KindOf(ptrs[i]);
+    any = any || kinds[i] == collectives::MemoryKind::kDevice;
+  }
+  if (!any) kinds.clear();
+  return kinds;
+}
+
+absl::StatusOr<collectives::DeviceEngine*> Store::Device() {
+  if (!device_) {
+    CXLRT_ASSIGN_OR_RETURN(device_,
+                           collectives::MakeDeviceEngine(c_, pool_.backend().base(), pool_.size()));
+  }
+  CXLRT_RETURN_IF_ERROR(device_->StartAfter(nullptr));
+  return device_.get();
+}
+
+namespace {
+
+// Device copies of a batch go out in groups of about this many bytes: one
+// submission each (CopyBatch), a few in flight, so that the GPU's copy
+// engine is busy while the CPU seals (or checks) the group before.
+constexpr uint64_t kGroupBytes = 8 << 20;
+constexpr size_t kGroupsInFlight = 3;
+
+// A batch's device copies, in groups: Add queues an item's copy, a full
+// group goes out as one CopyBatch, and `done(items, status)` runs for each
+// group, in order, once its copies completed (or failed). Flush sends the
+// last group and waits for all.
+template <typename T>
+class CopyGroups {
+ public:
+  using Done = std::function<void(const std::vector<T>&, const absl::Status&)>;
+  CopyGroups(collectives::DeviceEngine& engine, bool to_pool, Done done)
+      : engine_(engine), to_pool_(to_pool), done_(std::move(done)) {}
+
+  void Add(T item, void* dst, const void* src, size_t n) {
+    open_.items.push_back(std::move(item));
+    open_.dsts.push_back(dst);
+    open_.srcs.push_back(src);
+    open_.sizes.push_back(n);
+    if ((open_.bytes += n) >= kGroupBytes) Submit();
+  }
+  void Flush() {
+    Submit();
+    while (!flying_.empty()) FinishOne();
+  }
+
+ private:
+  struct Group {
+    std::vector<T> items;
+    std::vector<void*> dsts;
+    std::vector<const void*> srcs;
+    std::vector<size_t> sizes;
+    uint64_t bytes = 0;
+    collectives::CopyEngine::Ticket ticket = 0;
+  };
+  void Submit() {
+    if (open_.items.empty()) return;
+    open_.ticket = engine_.CopyBatch(to_pool_, open_.dsts.data(), open_.srcs.data(),
+                                     open_.sizes.data(), open_.items.size());
+    flying_.push_back(std::move(open_));
+    open_ = {};
+    if (flying_.size() >= kGroupsInFlight) FinishOne();
+  }
+  void FinishOne() {
+    const absl::Status st = engine_.Wait(flying_.front().ticket, absl::Now() + kDeviceCopyDeadline);
+    std::atomic_thread_fence(std::memory_order_acquire);  // the seals after the bytes
+    done_(flying_.front().items, st);
+    flying_.pop_front();
+  }
+
+  collectives::DeviceEngine& engine_;
+  const bool to_pool_;
+  const Done done_;
+  Group open_;
+  std::deque<Group> flying_;
+};
+
+}  // namespace
+
+// Every item is reserved, its copy submitted with its group's, and sealed
+// once its group's copies completed; the GPU's copy engine never waits for
+// the protocol. Items in host memory are put by the CPU as in BatchPut.
+std::vector<absl::Status> Store::DeviceBatchPut(uint32_t ns, absl::string_view ns_name,
+                                                absl::Span<const PutItem> items,
+                                                const std::vector<collectives::MemoryKind>& kinds) {
+  std::vector<absl::Status> out(items.size());
+  std::lock_guard<std::mutex> lock(device_mu_);
+  auto dev = Device();
+  struct Pending {
+    size_t item;
+    Reserved r;
+  };
+  std::optional<CopyGroups<Pending>> g;
+  if (dev.ok()) {
+    g.emplace(**dev, /*to_pool=*/true,
+              [&](const std::vector<Pending>& done, const absl::Status& st) {
+                for (const Pending& p : done) {
+                  if (!st.ok()) {
+                    Abandon(p.r);
+                    out[p.item] =
+                        absl::Status(st.code(), absl::StrCat("copying the value of key '",
+                                                             Printable(items[p.item].key),
+                                                             "' from GPU memory: ", st.message()));
+                  } else {
+                    out[p.item] = Seal(ns, items[p.item].key, p.r, items[p.item].size);
+                  }
+                }
+              });
+  }
+  for (size_t i = 0; i < items.size(); ++i) {
+    const PutItem& it = items[i];
+    if (absl::Status st = CheckName("key", it.key, kMaxKeyBytes); !st.ok()) {
+      out[i] = st;
+      continue;
+    }
+    if (kinds[i] != collectives::MemoryKind::kDevice) {
+      out[i] = PutOne(ns, ns_name, it.key, it.data, it.size);
+      continue;
+    }
+    if (!dev.ok()) {
+      out[i] = dev.status();
+      continue;
+    }
+    auto r = Reserve(ns, ns_name, it.key, it.size);
+    if (!r.ok()) {
+      out[i] = r.status();
+      continue;
+    }
+    g->Add({i, *r}, pool_.backend().base() + r->block, it.data, it.size);
+  }
+  if (g) g->Flush();
+  return out;
+}
+
+// Every item is found and its copy submitted with its group's; once the
+// group's copies are done, each item's seal is checked again. An item
+// whose entry changed meanwhile (evicted, its block reused), a miss, or an
+// entry being evicted is read on its own, as Get does.
+std::vector<absl::StatusOr<size_t>> Store::DeviceBatchGet(
+    uint32_t ns, absl::Span<const GetItem> items,
+    const std::vector<collectives::MemoryKind>& kinds) {
+  std::vector<absl::StatusOr<size_t>> out(items.size(), absl::UnknownError("not run"));
+  std::lock_guard<std::mutex> lock(device_mu_);
+  auto dev = Device();
+  struct Pending {
+    size_t item;
+    uint32_t partition, index;
+    uint64_t gen, size;
+  };
+  std::vector<size_t> again;  // items read on their own
+  std::optional<CopyGroups<Pending>> g;
+  if (dev.ok()) {
+    g.emplace(**dev, /*to_pool=*/false,
+              [&](const std::vector<Pending>& done, const absl::Status& st) {
+                for (const Pending& p : done) {
+                  if (!st.ok()) {
+                    out[p.item] =
+                        absl::Status(st.code(), absl::StrCat("copying the value of key '",
+                                                             Printable(items[p.item].key),
+                                                             "' to GPU memory: ", st.message()));
+                  } else if (!SealIs(p.partition, p.index, p.gen)) {
+                    again.push_back(p.item);
+                  } else {
+                    CountHit(ns, p.partition, p.index, p.gen);
+                    out[p.item] = static_cast<size_t>(p.size);
+                  }
+                }
+              });
+  }
+  for (size_t i = 0; i < items.size(); ++i) {
+    const GetItem& it = items[i];
+    if (absl::Status st = CheckName("key", it.key, kMaxKeyBytes); !st.ok()) {
+      out[i] = st;
+      continue;
+    }
+    if (kinds[i] != collectives::MemoryKind::kDevice) {
+      out[i] = GetOne(ns, it.key, it.dst, it.capacity);
+      continue;
+    }
+    if (!dev.ok()) {
+      out[i] = dev.status();
+      continue;
+    }
+    bool evicting = false;
+    auto found = SearchAll(ns, it.key, KeyHash(ns, it.key), &evicting);
+    if (!found.ok() || !*found || evicting || (*found)->e.value_size > it.capacity) {
+      again.push_back(i);
+      continue;
+    }
+    const EntryLayout& e = (*found)->e;
+    // A DMA read returns this host's cached copy of a line when it has
+    // one: drop the lines first, as CopyFromPool does.
+    c_.Invalidate(e.block, e.value_size);
+    g->Add({i, (*found)->partition, (*found)->index, e.gen, e.value_size}, it.dst,
+           pool_.backend().base() + e.block, e.value_size);
+  }
+  if (g) g->Flush();
+  for (size_t i : again) out[i] = GetOne(ns, items[i].key, items[i].dst, items[i].capacity, *dev);
+  return out;
 }
 
 absl::StatusOr<uint64_t> Store::ValueSize(absl::string_view ns, absl::string_view key) {

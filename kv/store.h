@@ -36,6 +36,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "allocator/allocator.h"
+#include "collectives/device.h"
 #include "kv/kv_layout.h"
 
 namespace cxlrt::kv_internal {
@@ -219,7 +220,39 @@ class Store {
 
   absl::Status PutOne(uint32_t ns, absl::string_view ns_name, absl::string_view key,
                       const void* data, size_t size);
-  absl::StatusOr<size_t> GetOne(uint32_t ns, absl::string_view key, void* dst, size_t capacity);
+  // A put in three steps: Reserve makes the unsealed entry and its block
+  // (invisible to readers, dropped by recovery); the caller copies the
+  // value into r.block; Seal publishes it (or Abandon undoes Reserve).
+  struct Reserved {
+    uint32_t index;
+    PoolOffset block;
+    uint64_t gen;
+    uint64_t hash;
+  };
+  absl::StatusOr<Reserved> Reserve(uint32_t ns, absl::string_view ns_name, absl::string_view key,
+                                   size_t size);
+  absl::Status Seal(uint32_t ns, absl::string_view key, const Reserved& r, size_t size);
+  void Abandon(const Reserved& r);
+  // Copies the value into dst, through `dev` when set (dst is GPU memory).
+  absl::StatusOr<size_t> GetOne(uint32_t ns, absl::string_view key, void* dst, size_t capacity,
+                                collectives::DeviceEngine* dev = nullptr);
+
+  // GPU memory (docs/gpu.md, "KV blocks"): batches whose buffers are
+  // device memory run here, their copies pipelined on the CUDA engine.
+  // The memory kind of each pointer; empty when none is device memory.
+  std::vector<collectives::MemoryKind> KindsOf(const void* const* ptrs, size_t n);
+  absl::StatusOr<collectives::DeviceEngine*> Device();  // REQUIRES: device_mu_
+  std::vector<absl::Status> DeviceBatchPut(uint32_t ns, absl::string_view ns_name,
+                                           absl::Span<const PutItem> items,
+                                           const std::vector<collectives::MemoryKind>& kinds);
+  std::vector<absl::StatusOr<size_t>> DeviceBatchGet(
+      uint32_t ns, absl::Span<const GetItem> items,
+      const std::vector<collectives::MemoryKind>& kinds);
+  // A hit of (partition, index, gen): counted, and touched when it is ours.
+  void CountHit(uint32_t ns, uint32_t partition, uint32_t index, uint64_t gen);
+  void Count(std::atomic<uint64_t>* counter, uint32_t ns);
+  std::mutex device_mu_;                               // one device batch at a time
+  std::unique_ptr<collectives::DeviceEngine> device_;  // guarded by device_mu_
 
   // Owner side, REQUIRES mu_: evicts this host's entries (those `eligible`)
   // until `bytes` of values are gone or `count` entries; returns what went.
