@@ -14,6 +14,7 @@
 #include "allocator/allocator.h"
 #include "bench/harness.h"
 #include "collectives/communicator.h"
+#include "collectives/device.h"
 #include "nlohmann/json.hpp"
 #include "runtime/config.h"
 #include "runtime/membership.h"
@@ -353,6 +354,27 @@ int RunRank(const CollBenchOptions& o, const Kind& k, DataType t, RedOp op, cons
   }
   Prefault(send, buf_bytes);
   Prefault(recv, buf_bytes);
+  // --device: the collective runs on GPU buffers; send and recv above are
+  // their host images (filled, then copied in; copied out, then checked).
+  uint8_t* dsend = nullptr;
+  uint8_t* drecv = nullptr;
+  if (o.device) {
+    if (o.in_pool) return fail("--device and --in-pool exclude each other");
+    auto a = collectives::DeviceAlloc(buf_bytes);
+    auto b = collectives::DeviceAlloc(buf_bytes);
+    if (!a.ok() || !b.ok()) return fail("GPU buffers: " + (a.ok() ? b : a).status().ToString());
+    dsend = static_cast<uint8_t*>(*a);
+    drecv = static_cast<uint8_t*>(*b);
+    if (rank == 0) {
+      std::printf("# %s", collectives::DescribeDevices(nullptr, 0).c_str());
+    }
+  }
+  // Where a host pointer into send/recv lies in the GPU images.
+  auto on_device = [&](const void* p) -> uint8_t* {
+    const auto* b = static_cast<const uint8_t*>(p);
+    if (b >= send && b < send + buf_bytes) return dsend + (b - send);
+    return drecv + (b - recv);
+  };
 
   std::vector<Row> rows;
   for (uint64_t bytes = o.min_bytes; bytes <= o.max_bytes;
@@ -367,30 +389,38 @@ int RunRank(const CollBenchOptions& o, const Kind& k, DataType t, RedOp op, cons
       const void* s = send;
       void* r = recv;
       if (in_place) std::tie(s, r) = InPlace(k, recv, c, es, rank);
-      auto fill = [&] {
+      const void* cs = o.device ? on_device(s) : s;  // what the call is given
+      void* cr = o.device ? on_device(r) : r;
+      auto fill = [&]() -> absl::Status {
         if (in_place) {
           Fill(t, const_cast<void*>(s), c.send, rank);
         } else {
           Fill(t, send, c.send, rank);
         }
+        if (!o.device) return absl::OkStatus();
+        return collectives::DeviceCopy(const_cast<void*>(cs), s, c.send * es);
       };
-      fill();
+      if (absl::Status st = fill(); !st.ok()) return fail(st.ToString());
       for (int w = 0; w < o.warmup; ++w) {
-        if (absl::Status st = Call(cm, k, t, op, o.root, c, s, r); !st.ok())
+        if (absl::Status st = Call(cm, k, t, op, o.root, c, cs, cr); !st.ok())
           return fail(st.ToString());
       }
       if (absl::Status st = cm.Barrier(); !st.ok()) return fail(st.ToString());
       const int64_t t0 = NowNs();
       for (int it = 0; it < o.iters; ++it) {
-        if (absl::Status st = Call(cm, k, t, op, o.root, c, s, r); !st.ok())
+        if (absl::Status st = Call(cm, k, t, op, o.root, c, cs, cr); !st.ok())
           return fail(st.ToString());
       }
       double us = static_cast<double>(NowNs() - t0) / 1e3 / std::max(1, o.iters);
       uint64_t wrong = 0;
       if (o.check) {
-        fill();
-        if (absl::Status st = Call(cm, k, t, op, o.root, c, s, r); !st.ok())
+        if (absl::Status st = fill(); !st.ok()) return fail(st.ToString());
+        if (absl::Status st = Call(cm, k, t, op, o.root, c, cs, cr); !st.ok())
           return fail(st.ToString());
+        if (o.device) {
+          if (absl::Status st = collectives::DeviceCopy(recv, drecv, buf_bytes); !st.ok())
+            return fail(st.ToString());
+        }
         wrong = CountWrong(k, t, op, nranks, rank, o.root, c, static_cast<const uint8_t*>(r));
       }
       // The slowest rank's time; every rank's wrong elements.
@@ -407,11 +437,15 @@ int RunRank(const CollBenchOptions& o, const Kind& k, DataType t, RedOp op, cons
     }
     const double bound_s =
         BoundSeconds(k, nranks, static_cast<double>(row.bytes), o.in_pool, limits.CopyAt(bytes));
-    row.bound_busbw =
-        bound_s > 0 ? static_cast<double>(row.bytes) / bound_s / 1e9 * BusFactor(k, nranks) : 0;
+    // With --device the limit is the GPU's DMA (cxlrt bench dma), not a CPU copy.
+    row.bound_busbw = bound_s > 0 && !o.device
+                          ? static_cast<double>(row.bytes) / bound_s / 1e9 * BusFactor(k, nranks)
+                          : 0;
     rows.push_back(row);
     if (bytes == o.max_bytes) break;
   }
+  collectives::DeviceFree(dsend);
+  collectives::DeviceFree(drecv);
   if (absl::Status st = cm.Destroy(); !st.ok()) return fail(st.ToString());
   if (rank != 0) return 0;
 

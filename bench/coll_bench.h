@@ -27,6 +27,7 @@ struct CollBenchOptions {
   std::string op = "sum";
   int root = 0;
   bool in_pool = false;  // buffers from comm.Allocate: zero-copy
+  bool device = false;   // buffers in GPU memory (the CUDA engine)
   bool json = false;
 };
 

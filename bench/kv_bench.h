@@ -18,6 +18,7 @@ struct KvBenchOptions {
   int reps = 5;
   uint64_t working_set = 256ull << 20;  // bytes put per size and repetition
   int batch = 32;                       // items per BatchPut / BatchGet
+  bool device = false;                  // values put from and got into GPU memory
   bool json = false;
 };
 

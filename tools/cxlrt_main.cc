@@ -9,6 +9,7 @@
 #include "bench/alloc_bench.h"
 #include "bench/ceiling_probe.h"
 #include "bench/coll_bench.h"
+#include "bench/dma_bench.h"
 #include "bench/kv_bench.h"
 #include "bench/pool_bench.h"
 #include "runtime/config.h"
@@ -172,6 +173,8 @@ int main(int argc, char** argv) {
   bench_kv->add_option("--batch", kvb.batch, "Items per BatchPut / BatchGet")
       ->check(CLI::Range(1, 4096));
   bench_kv->add_option("--pool", kvb.uri, "URI of a pool to create (default emu://bench-kv-PID)");
+  bench_kv->add_flag("--device", kvb.device,
+                     "Values put from and got into GPU memory, beside pinned cudaMemcpy");
   bench_kv->add_flag("--json", json, "Machine-readable output");
 
   // One subcommand per collective, nccl-tests' flags.
@@ -204,6 +207,8 @@ int main(int argc, char** argv) {
                   "Pool URI: made and destroyed by the run (default emu://bench-coll-PID); "
                   "under a launcher, the shared pool (default CXLRT_POOL)");
     c->add_flag("--in-pool", coll.in_pool, "Buffers allocated in the pool (zero-copy)");
+    c->add_flag("--device", coll.device,
+                "Buffers in GPU memory (the CUDA engine; each rank on the current GPU)");
     c->add_flag("--json", json, "One JSON object per size");
     coll_apps.emplace_back(c, name);
   }
@@ -224,6 +229,19 @@ int main(int argc, char** argv) {
   bench_ceiling->add_option("-w,--warmup_iters", ceiling.warmup, "Warm-up iterations")
       ->check(CLI::Range(0, 1000000));
   bench_ceiling->add_flag("--json", json, "One JSON object per size");
+
+  bench::DmaBenchOptions dma;
+  std::string dma_min = "64K", dma_max = "256M";
+  CLI::App* bench_dma = bench->add_subcommand(
+      "dma",
+      "The GPU data path's limits: pool <-> device DMA per size (each direction and both at once) "
+      "beside pinned cudaMemcpy and the device-to-device copy rate. Needs a GPU");
+  bench_dma->add_option("-b,--minbytes", dma_min, "Smallest size (B, K, M, G)");
+  bench_dma->add_option("-e,--maxbytes", dma_max, "Largest size");
+  bench_dma->add_option("-n,--iters", dma.iters, "Timed copies per size (median)")
+      ->check(CLI::Range(1, 100000));
+  bench_dma->add_option("--pool", dma.uri, "URI of a pool to create (default emu://bench-dma-PID)");
+  bench_dma->add_flag("--json", json, "One JSON object per size");
 
   CLI::App* doctor = app.add_subcommand("doctor", "What this machine offers: NUMA, CXL, DAX, CUDA");
   doctor->add_flag("--json", json, "Machine-readable output");
@@ -323,6 +341,19 @@ int main(int argc, char** argv) {
     ceiling.chunk_bytes = *chunk;
     ceiling.json = json;
     return bench::RunCeilingProbe(ceiling);
+  }
+  if (*bench_dma) {
+    auto lo = runtime::ParseByteSize(dma_min, "-b");
+    auto hi = runtime::ParseByteSize(dma_max, "-e");
+    if (!lo.ok() || !hi.ok() || *lo == 0 || *hi < *lo) {
+      std::fprintf(stderr, "cxlrt bench dma: bad -b/-e (%s, %s)\n", dma_min.c_str(),
+                   dma_max.c_str());
+      return 2;
+    }
+    dma.min_bytes = *lo;
+    dma.max_bytes = *hi;
+    dma.json = json;
+    return bench::RunDmaBench(dma);
   }
   if (*bench_pool) {
     if (bench_uri.empty()) bench_uri = "emu://bench-" + std::to_string(getpid()) + "?size=256M";

@@ -9,9 +9,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "collectives/device.h"
 #include "nlohmann/json.hpp"
 #include "runtime/config.h"
 #include "runtime/cpu_features.h"
+#include "runtime/pool.h"
 #include "runtime/topology.h"
 #include "runtime/units.h"
 #include "tools/commands.h"
@@ -57,6 +59,22 @@ CudaInfo ProbeCuda() {
   return c;
 }
 
+// The GPU data path (collectives/device.h): devices, their PCI and NUMA
+// place, and whether a pool registers with CUDA (a scratch emulated pool of
+// 64 MiB, made and destroyed here).
+std::string ProbeGpuPath() {
+  if (!collectives::DevicesAvailable()) {
+    return "unavailable: " + collectives::DevicesUnavailableReason();
+  }
+  const std::string uri = absl::StrCat("emu://doctor-", getpid(), "?size=64M");
+  auto pool = runtime::Pool::Create(uri);
+  if (!pool.ok()) return collectives::DescribeDevices(nullptr, 0);
+  std::string out = collectives::DescribeDevices((*pool)->backend().base(), (*pool)->size());
+  pool->reset();
+  (void)runtime::Pool::Destroy(uri, {.force = true});
+  return out;
+}
+
 }  // namespace
 
 int Doctor(bool as_json) {
@@ -68,6 +86,7 @@ int Doctor(bool as_json) {
   auto dax = runtime::ReadDaxDevices();
   auto huge = runtime::ReadHugePages();
   CudaInfo cuda = ProbeCuda();
+  const std::string gpu = ProbeGpuPath();
   auto choice = runtime::ChooseEmulationNode(nodes, std::nullopt, runtime::CurrentNode());
   std::vector<int> cpuless;
   for (const auto& n : nodes) {
@@ -127,7 +146,8 @@ int Doctor(bool as_json) {
     j["cuda"] = {{"toolkit", cuda.toolkit},
                  {"driver", cuda.driver},
                  {"devices", cuda.devices},
-                 {"note", cuda.note}};
+                 {"note", cuda.note},
+                 {"gpu_data_path", gpu}};
     j["emulation_node"] = choice.ok() ? json(choice->node) : json();
     j["cxl_present"] = have_cxl;
     j["verdict"] = verdict;
@@ -176,6 +196,7 @@ int Doctor(bool as_json) {
       static_cast<unsigned long long>(huge.total_1g));
   std::printf("cuda         toolkit %s; %s\n",
               cuda.toolkit.empty() ? "not found" : cuda.toolkit.c_str(), cuda.note.c_str());
+  std::printf("gpu path     %s%s", gpu.c_str(), gpu.empty() || gpu.back() != '\n' ? "\n" : "");
   std::printf("pool         %s\n", verdict.c_str());
   return 0;
 }

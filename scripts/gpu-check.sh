@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The GPU data path on a machine with a GPU, in one run (docs/gpu.md):
+#   1. builds with CUDA (Release), or takes programs built by
+#      scripts/gpu-prebuild.sh (--prebuilt DIR: DIR/bin and DIR/lib) where
+#      the machine cannot install cxlrt's Debian dependencies;
+#   2. the CUDA tests (several emulated hosts as processes sharing the GPU,
+#      each with its own context), and cxlrt doctor;
+#   3. the benchmarks: pool <-> device DMA beside pinned cudaMemcpy and the
+#      device-to-device rate (the limits); KV BatchPut/BatchGet of 16 KiB-2
+#      MiB blocks from and into device memory; 2- and 4-rank all-reduce and
+#      all-gather on device buffers (busbw, #wrong) under MPS, with the
+#      staged/mapped reductions and chunk sizes side by side.
+# Everything goes to $OUT (default ./gpu-out); a short summary is printed
+# last. Each step has its own time limit, so one hang does not cost the rest.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+LOG=$(mktemp -d)  # every step's log; $OUT gets an archive and a few tables
+prebuilt=""
+if [[ ${1:-} == --prebuilt ]]; then prebuilt=$2; fi
+
+if [[ -n $prebuilt ]]; then
+  bin=$(cd "$prebuilt/bin" && pwd)
+  export LD_LIBRARY_PATH="$(cd "$prebuilt/lib" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+else
+  jobs=$(nproc 2>/dev/null || echo 16)
+  cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCXLRT_PYTHON=OFF >"$OUT/build.log" 2>&1 &&
+    cmake --build build-gpu -j"$jobs" --target cxlrt_cli gpu_test device_test >>"$OUT/build.log" 2>&1 ||
+    { tail -30 "$OUT/build.log"; exit 1; }
+  cp "$OUT/build.log" "$LOG/"
+  bin=$PWD/build-gpu/bin
+fi
+
+summary=()
+step() {  # step NAME SECONDS COMMAND...: runs it, logs to $OUT/NAME.txt
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS
+  timeout -k 10 "$limit" "$@" >"$LOG/$name.txt" 2>&1
+  local rc=$?
+  summary+=("$(printf '%-16s rc=%-3s %4ss' "$name" "$rc" $((SECONDS - t0)))")
+  echo "== $name: rc=$rc ($((SECONDS - t0)) s)"
+  tail -4 "$LOG/$name.txt"
+  tar -C "$LOG" -czf "$OUT/all-logs.tgz" .  # kept current: a run cut short still reports
+}
+
+nvidia-smi >"$LOG/nvidia-smi.txt" 2>&1 || true
+step doctor 30 "$bin/cxlrt" doctor
+step device_test 30 "$bin/device_test" --gtest_brief=1
+step gpu_test 240 "$bin/gpu_test" --gtest_brief=1
+step dma 60 "$bin/cxlrt" bench dma -b 64K -e 256M
+step kv 90 "$bin/cxlrt" bench kv --device --hosts 2 --reps 3 --working-set 512M --batch 32
+
+# The emulated hosts of a collective are processes sharing this one GPU.
+# Without MPS the GPU time-slices their contexts (each switch costs more
+# than a chunk's kernel), which no rack of one GPU per host has: the
+# collective benchmarks run under an MPS server started here and stopped
+# after (a user-space daemon; the GPU's settings are left alone). One
+# all-reduce without it shows the difference.
+step allreduce_2_nomps 60 "$bin/cxlrt" bench allreduce --device --ranks 2 -b 1M -e 64M -f 8 -n 10 -w 3
+export CUDA_MPS_PIPE_DIRECTORY=$LOG/mps-pipe CUDA_MPS_LOG_DIRECTORY=$LOG/mps-log
+mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+if nvidia-cuda-mps-control -d; then mps=1; else mps=0; echo "(no MPS: time-sliced)"; fi
+coll=(-b 64K -e 256M -f 4 -n 10 -w 3)
+for r in 2 4; do
+  step "allreduce_$r" 60 "$bin/cxlrt" bench allreduce --device --ranks "$r" "${coll[@]}"
+  step "allgather_$r" 60 "$bin/cxlrt" bench allgather --device --ranks "$r" "${coll[@]}"
+done
+step allreduce_2_mapped 60 env CXLRT_CUDA_REDUCE=mapped "$bin/cxlrt" bench allreduce --device --ranks 2 "${coll[@]}"
+for c in 1048576 2097152 4194304; do
+  step "allreduce_2_chunk$c" 60 env CXLRT_COMM_CHUNK_BYTES=$c "$bin/cxlrt" bench allreduce --device \
+    --ranks 2 -b 4M -e 256M -f 4 -n 10 -w 3
+done
+[[ $mps == 1 ]] && echo quit | nvidia-cuda-mps-control
+step allreduce_host2 40 "$bin/cxlrt" bench allreduce --ranks 2 "${coll[@]}"
+
+# $OUT: the logs in one archive, and the tables read most beside it.
+tar -C "$LOG" -czf "$OUT/all-logs.tgz" .
+cp "$LOG/dma.txt" "$LOG/kv.txt" "$LOG/gpu_test.txt" "$OUT/" 2>/dev/null
+echo
+echo "== summary"
+printf '%s\n' "${summary[@]}"
+echo "== dma"; tail -7 "$LOG/dma.txt"
+echo "== kv"; tail -9 "$LOG/kv.txt"
+for f in allreduce_2_nomps allreduce_2 allreduce_4 allgather_2 allgather_4 allreduce_2_mapped \
+  allreduce_2_chunk1048576 allreduce_2_chunk2097152 allreduce_2_chunk4194304 allreduce_host2; do
+  echo "== $f"; grep -v '^#' "$LOG/$f.txt" | grep -v '^ *device' | tail -7 | cut -c1-112
+done
+echo "== gpu_test"; grep -E "FAILED|PASSED|SKIPPED|Failure|rank [0-9]" "$LOG/gpu_test.txt" | head -20
