@@ -44,6 +44,9 @@ constexpr ConfigVar kTable[] = {
     {"CXLRT_CUDA_REDUCE", "staged",
      "How GPU reductions read peers' chunks: staged (the copy engine moves them into device "
      "memory first) or mapped (the kernel reads the registered pool); docs/gpu.md."},
+    {"CXLRT_CUDA_KV_COPY", "engine",
+     "How KV batches in GPU memory are copied: engine (cudaMemcpyBatchAsync on the copy engine) or "
+     "kernel (SMs through the mapped pool); docs/gpu.md."},
 };
 
 absl::Status ParseUint(const char* name, const char* value, uint32_t lo, uint32_t hi,
@@ -54,6 +57,17 @@ absl::Status ParseUint(const char* name, const char* value, uint32_t lo, uint32_
         absl::StrCat(name, "='", value, "' is not an integer in [", lo, ", ", hi, "]"));
   }
   *out = v;
+  return absl::OkStatus();
+}
+
+// A variable that names one of two words (unset or empty: unchanged).
+absl::Status ParseChoice(const char* name, const char* value, const char* a, const char* b,
+                         std::string* out) {
+  if (value == nullptr || *value == 0) return absl::OkStatus();
+  if (std::string(value) != a && std::string(value) != b) {
+    return absl::InvalidArgumentError(absl::StrCat(name, "='", value, "' is not ", a, " or ", b));
+  }
+  *out = value;
   return absl::OkStatus();
 }
 
@@ -174,13 +188,15 @@ absl::StatusOr<Config> ParseConfig(const std::function<const char*(const char*)>
     }
     c.pin = p == "auto" ? "" : p;
   }
-  if (const char* v = getenv("CXLRT_CUDA_REDUCE"); v && *v) {
-    const std::string m = v;
-    if (m != "mapped" && m != "staged") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("CXLRT_CUDA_REDUCE='", m, "' is not mapped or staged"));
-    }
-    c.cuda_reduce = m;
+  if (auto s = ParseChoice("CXLRT_CUDA_REDUCE", getenv("CXLRT_CUDA_REDUCE"), "staged", "mapped",
+                           &c.cuda_reduce);
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = ParseChoice("CXLRT_CUDA_KV_COPY", getenv("CXLRT_CUDA_KV_COPY"), "engine", "kernel",
+                           &c.cuda_kv_copy);
+      !s.ok()) {
+    return s;
   }
   return c;
 }

@@ -35,6 +35,7 @@ struct Config {
   uint32_t comm_chunk_bytes = 0;              // CXLRT_COMM_CHUNK_BYTES, 0: the table
   std::string pin;                            // CXLRT_PIN, "": auto
   std::string cuda_reduce = "staged";         // CXLRT_CUDA_REDUCE: staged or mapped
+  std::string cuda_kv_copy = "engine";        // CXLRT_CUDA_KV_COPY: engine or kernel
 };
 
 struct ConfigVar {

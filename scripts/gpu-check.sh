@@ -51,6 +51,8 @@ step device_test 30 "$bin/device_test" --gtest_brief=1
 step gpu_test 240 "$bin/gpu_test" --gtest_brief=1
 step dma 60 "$bin/cxlrt" bench dma -b 64K -e 256M
 step kv 90 "$bin/cxlrt" bench kv --device --hosts 2 --reps 3 --working-set 512M --batch 32
+step kv_kernel 90 env CXLRT_CUDA_KV_COPY=kernel "$bin/cxlrt" bench kv --device --hosts 2 --reps 3 \
+  --working-set 512M --batch 32
 
 # The emulated hosts of a collective are processes sharing this one GPU.
 # Without MPS the GPU time-slices their contexts (each switch costs more
@@ -83,6 +85,7 @@ echo "== summary"
 printf '%s\n' "${summary[@]}"
 echo "== dma"; tail -7 "$LOG/dma.txt"
 echo "== kv"; tail -9 "$LOG/kv.txt"
+echo "== kv_kernel"; tail -9 "$LOG/kv_kernel.txt"
 for f in allreduce_2_nomps allreduce_2 allreduce_4 allgather_2 allgather_4 allreduce_2_mapped \
   allreduce_2_chunk1048576 allreduce_2_chunk2097152 allreduce_2_chunk4194304 allreduce_host2; do
   echo "== $f"; grep -v '^#' "$LOG/$f.txt" | grep -v '^ *device' | tail -7 | cut -c1-112

@@ -274,6 +274,22 @@ class CudaEngine final : public DeviceEngine {
         c_.BeforeDeviceWrite(static_cast<uint8_t*>(dsts[i]) - base_, sizes[i]);
       }
     }
+    bool small = true;  // a gather kernel item's size is 32 bits
+    for (size_t i = 0; i < count; ++i) small = small && sizes[i] <= UINT32_MAX;
+    if (kernel_batches_ && small) {
+      // SM copies through the mapped pool, a launch per 512 items.
+      cuda::GatherArgs a{};
+      for (size_t i = 0; i < count; ++i) {
+        a.dst[a.count] = const_cast<void*>(Device(dsts[i]));
+        a.src[a.count] = Device(srcs[i]);
+        a.size[a.count] = static_cast<uint32_t>(sizes[i]);
+        if (++a.count == cuda::kMaxGatherItems || i + 1 == count) {
+          Check(cuda::LaunchGather(a, s), "gather kernel");
+          a.count = 0;
+        }
+      }
+      return Record(s);
+    }
     if (batch_api_) {
       cudaMemcpyAttributes attr{};
       attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
@@ -517,6 +533,9 @@ class CudaEngine final : public DeviceEngine {
   uint64_t next_region_ = 0;
   const bool staged_reduce_ = runtime::GetConfig().cuda_reduce == "staged";
   bool batch_api_ = true;  // cudaMemcpyBatchAsync works here
+  // CXLRT_CUDA_KV_COPY=kernel: KV batches copied by SMs through the mapped
+  // pool instead of the copy engine (docs/gpu.md).
+  const bool kernel_batches_ = runtime::GetConfig().cuda_kv_copy == "kernel";
   // Asynchronous calls: marks on callers' streams, and the done word.
   static constexpr uint64_t kMarks = 256;
   std::mutex mark_mu_;

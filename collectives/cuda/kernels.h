@@ -37,6 +37,18 @@ cudaError_t LaunchFillPattern(uint32_t* p, size_t n_words, uint32_t seed, uint32
 // mapped pool) with a kernel: 16 bytes per thread when both allow it.
 cudaError_t LaunchCopy(void* dst, const void* src, size_t n, cudaStream_t stream);
 
+// Copies of a batch of scattered buffers in one launch, a block per item
+// (KV pages): each dst[i] <- src[i] of size[i] bytes, device-addressable
+// (device memory or the mapped pool). At most kMaxGatherItems per launch.
+inline constexpr int kMaxGatherItems = 512;
+struct GatherArgs {
+  void* dst[kMaxGatherItems];
+  const void* src[kMaxGatherItems];
+  uint32_t size[kMaxGatherItems];
+  int count;
+};
+cudaError_t LaunchGather(const GatherArgs& a, cudaStream_t stream);
+
 // A one-thread kernel that returns once *word >= value (the word is pinned
 // host memory the proxy thread writes). See DeviceEngine::WaitDoneOn.
 cudaError_t LaunchWaitWord(const uint64_t* word, uint64_t value, cudaStream_t stream);

@@ -24,6 +24,9 @@ TEST(ConfigTest, DefaultsWhenNothingIsSet) {
   EXPECT_EQ(c->heartbeat_ms, 100u);
   EXPECT_EQ(c->host_id, -1);
   EXPECT_EQ(c->shm_dir, "/dev/shm");
+  EXPECT_EQ(c->cuda_reduce, "staged");
+  EXPECT_EQ(c->cuda_kv_copy, "engine");
+  EXPECT_FALSE(c->comm_slot_bytes_set);  // so a GPU communicator may choose its slots
 }
 
 TEST(ConfigTest, ReadsEveryVariable) {
@@ -35,7 +38,10 @@ TEST(ConfigTest, ReadsEveryVariable) {
                   {"CXLRT_LOCK_TIMEOUT_MS", "100"},
                   {"CXLRT_WAIT_SPINS", "0"},
                   {"CXLRT_SHM_DIR", "/tmp"},
-                  {"CXLRT_LOG_LEVEL", "debug"}});
+                  {"CXLRT_LOG_LEVEL", "debug"},
+                  {"CXLRT_COMM_SLOT_BYTES", "8192"},
+                  {"CXLRT_CUDA_REDUCE", "mapped"},
+                  {"CXLRT_CUDA_KV_COPY", "kernel"}});
   CXLRT_ASSERT_OK(c);
   EXPECT_EQ(c->pool, "emu://x?size=8M");
   EXPECT_EQ(c->host_id, 3);
@@ -47,6 +53,10 @@ TEST(ConfigTest, ReadsEveryVariable) {
   EXPECT_EQ(c->wait_spins, 0u);
   EXPECT_EQ(c->shm_dir, "/tmp");
   EXPECT_EQ(c->log_level, "debug");
+  EXPECT_EQ(c->comm_slot_bytes, 8192u);
+  EXPECT_TRUE(c->comm_slot_bytes_set);
+  EXPECT_EQ(c->cuda_reduce, "mapped");
+  EXPECT_EQ(c->cuda_kv_copy, "kernel");
 }
 
 TEST(ConfigTest, BadValuesNameTheVariable) {
@@ -56,6 +66,10 @@ TEST(ConfigTest, BadValuesNameTheVariable) {
                      "CXLRT_HOST_ID='-5'");
   CXLRT_EXPECT_ERROR(Parse({{"CXLRT_LOG_LEVEL", "loud"}}), absl::StatusCode::kInvalidArgument,
                      "CXLRT_LOG_LEVEL='loud'");
+  CXLRT_EXPECT_ERROR(Parse({{"CXLRT_CUDA_REDUCE", "fast"}}), absl::StatusCode::kInvalidArgument,
+                     "CXLRT_CUDA_REDUCE='fast' is not staged or mapped");
+  CXLRT_EXPECT_ERROR(Parse({{"CXLRT_CUDA_KV_COPY", "dma"}}), absl::StatusCode::kInvalidArgument,
+                     "CXLRT_CUDA_KV_COPY='dma' is not engine or kernel");
   CXLRT_EXPECT_ERROR(Parse({{"CXLRT_LEASE_MS", "100"}, {"CXLRT_HEARTBEAT_MS", "60"}}),
                      absl::StatusCode::kInvalidArgument, "below half of CXLRT_LEASE_MS");
 }
