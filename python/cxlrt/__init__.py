@@ -34,15 +34,18 @@ from ._cxlrt import (
     NotFoundError,
     Pins,
     Pool,
+    DeviceSpan,
     PoolBuffer,
     ResourceExhaustedError,
+    devices_available,
+    devices_unavailable_reason,
 )
 
 __all__ = [
-    "AbortedError", "AlreadyExistsError", "Communicator", "DataLossError",
+    "AbortedError", "AlreadyExistsError", "Communicator", "DataLossError", "DeviceSpan",
     "DeadlineExceededError", "Error", "FailedPreconditionError", "Host",
     "InvalidArgumentError", "NotFoundError", "Pins", "Pool", "PoolBuffer",
-    "ResourceExhaustedError", "Store",
+    "ResourceExhaustedError", "Store", "devices_available", "devices_unavailable_reason",
 ]
 
 # numpy / torch element types -> cxlrt's names.
@@ -59,22 +62,38 @@ _TORCH = {
 
 
 def _view(x, dtype: Optional[str] = None):
-    """(buffer, cxlrt dtype, elements) of an array, without a copy."""
+    """(buffer, cxlrt dtype, elements) of an array, without a copy. GPU
+    memory (CUDA tensors, objects with ``__cuda_array_interface__``) comes
+    back as a DeviceSpan (docs/gpu.md)."""
     mod = type(x).__module__
     if mod.startswith("torch"):
-        if x.device.type != "cpu":
-            raise InvalidArgumentError(
-                f"a {x.device.type} tensor: this build moves CPU tensors only")
+        if x.device.type not in ("cpu", "cuda"):
+            raise InvalidArgumentError(f"a {x.device.type} tensor: cxlrt moves CPU and CUDA tensors")
         if not x.is_contiguous():
             raise InvalidArgumentError("the tensor is not contiguous")
         name = _TORCH.get(str(x.dtype))
         if name is None:
             raise InvalidArgumentError(f"cxlrt has no element type for {x.dtype}")
+        if x.device.type == "cuda":
+            span = _cxlrt.DeviceSpan(x.data_ptr(), x.numel() * x.element_size())
+            return span, dtype or name, x.numel()
         import torch  # the caller has it
 
         # numpy has no bfloat16: the same bits through an int16 view.
         arr = x.view(torch.int16).numpy() if name == "bfloat16" else x.numpy()
         return arr, dtype or name, x.numel()
+    cai = getattr(x, "__cuda_array_interface__", None)
+    if cai is not None:  # CuPy, Numba and other GPU arrays
+        import numpy as np
+
+        if cai.get("strides") is not None:
+            raise InvalidArgumentError("the GPU array is not C-contiguous")
+        dt = np.dtype(cai["typestr"])
+        name = dtype or _NUMPY.get(str(dt))
+        if name is None:
+            raise InvalidArgumentError(f"cxlrt has no element type for {dt}")
+        count = int(np.prod(cai["shape"])) if cai["shape"] else 1
+        return _cxlrt.DeviceSpan(int(cai["data"][0]), count * dt.itemsize), name, count
     if hasattr(x, "dtype") and hasattr(x, "size") and hasattr(x, "flags"):  # numpy
         if not x.flags["C_CONTIGUOUS"]:
             raise InvalidArgumentError("the array is not C-contiguous")
@@ -86,6 +105,25 @@ def _view(x, dtype: Optional[str] = None):
         raise InvalidArgumentError("pass dtype= for a buffer that is not an array")
     nbytes = memoryview(x).nbytes
     return x, dtype, nbytes // _cxlrt.dtype_size(dtype)
+
+
+def _stream(stream, x) -> int:
+    """The cudaStream_t of a call, as an integer: ``stream`` itself (an int,
+    or an object with ``cuda_stream`` like torch.cuda.Stream, or ``ptr``
+    like cupy's), else torch's current stream when ``x`` is a CUDA tensor,
+    else 0 (the legacy default stream; nothing for host arrays)."""
+    if stream is not None:
+        if isinstance(stream, int):
+            return stream
+        for attr in ("cuda_stream", "ptr"):
+            if hasattr(stream, attr):
+                return int(getattr(stream, attr))
+        raise InvalidArgumentError(f"not a stream: {stream!r}")
+    if type(x).__module__.startswith("torch") and x.device.type == "cuda":
+        import torch
+
+        return torch.cuda.current_stream(x.device).cuda_stream
+    return 0
 
 
 class Host:
@@ -159,7 +197,13 @@ class Host:
 class Communicator:
     """NCCL-shaped collectives over the pool. Arrays of the same element
     type; ``out`` omitted means in place. A context manager; ``destroy()``
-    leaves (a barrier, then the last one out frees the block)."""
+    leaves (a barrier, then the last one out frees the block).
+
+    Arrays may be GPU memory (CUDA tensors, ``__cuda_array_interface__``
+    arrays, DeviceSpans) in a build with CUDA: the call then runs on the
+    GPU data path, ordered on ``stream`` (torch's current stream of the
+    tensor's device by default; docs/gpu.md). A call's arrays are of one
+    kind; ranks may differ."""
 
     def __init__(self, host: Host, name: str, nranks: Optional[int] = None,
                  rank: Optional[int] = None, *, timeout: float = 0.0,
@@ -198,64 +242,64 @@ class Communicator:
         buf = self._c.allocate(max(count * dt.itemsize, 1))
         return np.frombuffer(buf, dtype=dt, count=count).reshape(shape)
 
-    def all_reduce(self, x, op: str = "sum", out=None):
+    def all_reduce(self, x, op: str = "sum", out=None, stream=None):
         s, t, n = _view(x)
         r = s if out is None else _view(out, t)[0]
-        self._c.all_reduce(s, r, n, t, op)
+        self._c.all_reduce(s, r, n, t, op, _stream(stream, x))
         return x if out is None else out
 
-    def reduce_scatter(self, x, out, op: str = "sum"):
+    def reduce_scatter(self, x, out, op: str = "sum", stream=None):
         s, t, _ = _view(x)
         r, _, n = _view(out, t)
-        self._c.reduce_scatter(s, r, n, t, op)
+        self._c.reduce_scatter(s, r, n, t, op, _stream(stream, x))
         return out
 
-    def all_gather(self, x, out):
+    def all_gather(self, x, out, stream=None):
         s, t, n = _view(x)
-        self._c.all_gather(s, _view(out, t)[0], n, t)
+        self._c.all_gather(s, _view(out, t)[0], n, t, _stream(stream, x))
         return out
 
-    def broadcast(self, x, root: int = 0, out=None):
+    def broadcast(self, x, root: int = 0, out=None, stream=None):
         s, t, n = _view(x)
         r = s if out is None else _view(out, t)[0]
-        self._c.broadcast(s, r, n, t, root)
+        self._c.broadcast(s, r, n, t, root, _stream(stream, x))
         return x if out is None else out
 
-    def reduce(self, x, root: int = 0, op: str = "sum", out=None):
+    def reduce(self, x, root: int = 0, op: str = "sum", out=None, stream=None):
         s, t, n = _view(x)
         r = s if out is None else _view(out, t)[0]
-        self._c.reduce(s, r, n, t, op, root)
+        self._c.reduce(s, r, n, t, op, root, _stream(stream, x))
         return x if out is None else out
 
-    def gather(self, x, out, root: int = 0):
+    def gather(self, x, out, root: int = 0, stream=None):
         """``out`` (size * x elements) matters on the root only."""
         s, t, n = _view(x)
-        self._c.gather(s, _view(out, t)[0], n, t, root)
+        self._c.gather(s, _view(out, t)[0], n, t, root, _stream(stream, x))
         return out
 
-    def scatter(self, x, out, root: int = 0):
+    def scatter(self, x, out, root: int = 0, stream=None):
         """``x`` (size * out elements) matters on the root only."""
         r, t, n = _view(out)
-        self._c.scatter(_view(x, t)[0], r, n, t, root)
+        self._c.scatter(_view(x, t)[0], r, n, t, root, _stream(stream, out))
         return out
 
-    def all_to_all(self, x, out):
+    def all_to_all(self, x, out, stream=None):
         s, t, n = _view(x)
         if n % self.size:
             raise InvalidArgumentError(f"{n} elements do not split over {self.size} ranks")
-        self._c.all_to_all(s, _view(out, t)[0], n // self.size, t)
+        self._c.all_to_all(s, _view(out, t)[0], n // self.size, t, _stream(stream, x))
         return out
 
     def barrier(self) -> None:
         self._c.barrier()
 
-    def send(self, x, peer: int) -> None:
+    def send(self, x, peer: int, stream=None) -> None:
         s, t, n = _view(x)
-        self._c.send(s, n, t, peer)
+        self._c.send(s, n, t, peer, _stream(stream, x))
 
-    def recv(self, x, peer: int):
+    def recv(self, x, peer: int, stream=None):
         r, t, n = _view(x)
-        self._c.recv(r, n, t, peer)
+        self._c.recv(r, n, t, peer, _stream(stream, x))
         return x
 
 

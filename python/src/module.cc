@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "allocator/allocator.h"
 #include "collectives/communicator.h"
+#include "collectives/device.h"
 #include "kv/store.h"
 #include "runtime/coherence.h"
 #include "runtime/membership.h"
@@ -183,6 +184,41 @@ struct Span {
   void* p;
   size_t bytes;
 };
+
+// GPU memory handed in from Python (a CUDA tensor's data_ptr() and size):
+// the buffer protocol cannot describe it (docs/gpu.md, docs/python.md).
+struct DeviceSpan {
+  uint64_t ptr;
+  size_t nbytes;
+};
+
+Span SpanOf(const py::buffer& b, bool writable);
+
+// A buffer-protocol object or a DeviceSpan.
+Span AnySpanOf(const py::handle& o, bool writable) {
+  if (py::isinstance<DeviceSpan>(o)) {
+    const auto& d = o.cast<const DeviceSpan&>();
+    // An address that is not GPU memory would be read as host memory: a
+    // crash, or wrong bytes. Refuse it, saying why.
+    if (d.nbytes > 0 &&
+        collectives::KindOf(reinterpret_cast<void*>(d.ptr)) != collectives::MemoryKind::kDevice) {
+      const std::string why = collectives::DevicesAvailable()
+                                  ? "it is not GPU memory"
+                                  : "no GPU: " + collectives::DevicesUnavailableReason();
+      throw StatusError{absl::InvalidArgumentError(
+          absl::StrCat("DeviceSpan at 0x", absl::Hex(d.ptr), ": ", why))};
+    }
+    return {reinterpret_cast<void*>(d.ptr), d.nbytes};
+  }
+  if (!PyObject_CheckBuffer(o.ptr())) {
+    throw StatusError{absl::InvalidArgumentError(
+        absl::StrCat("expected a buffer (numpy array, bytearray, CPU tensor) or a DeviceSpan, "
+                     "got ",
+                     std::string(py::str(o.get_type().attr("__name__")))))};
+  }
+  return SpanOf(py::reinterpret_borrow<py::buffer>(o), writable);
+}
+
 Span SpanOf(const py::buffer& b, bool writable) {
   py::buffer_info info = b.request(writable);
   ssize_t expect = info.itemsize;
@@ -467,6 +503,24 @@ PYBIND11_MODULE(_cxlrt, m) {
           },
           py::arg("nbytes"), py::arg("alignment") = 64, "A block of the pool (PoolBuffer).");
 
+  py::class_<DeviceSpan>(m, "DeviceSpan",
+                         "GPU memory for a collective or a KV call: an address and a size "
+                         "(e.g. a CUDA tensor's data_ptr() and nbytes). The caller keeps the "
+                         "memory alive for the call.")
+      .def(py::init([](uint64_t ptr, size_t nbytes) {
+             return DeviceSpan{ptr, nbytes};
+           }),
+           py::arg("ptr"), py::arg("nbytes"))
+      .def_readonly("ptr", &DeviceSpan::ptr)
+      .def_readonly("nbytes", &DeviceSpan::nbytes)
+      .def("__repr__", [](const DeviceSpan& d) {
+        return absl::StrCat("DeviceSpan(ptr=0x", absl::Hex(d.ptr), ", nbytes=", d.nbytes, ")");
+      });
+  m.def("devices_available", &collectives::DevicesAvailable,
+        "Whether this process can use a GPU (a CUDA build, a driver, a device).");
+  m.def("devices_unavailable_reason", &collectives::DevicesUnavailableReason,
+        "Why no GPU can be used (empty when one can).");
+
   py::class_<PyBuffer, std::shared_ptr<PyBuffer>>(m, "PoolBuffer", py::buffer_protocol(),
                                                   "Pool memory, readable and writable in place.")
       .def_buffer([](PyBuffer& b) {
@@ -500,73 +554,97 @@ PYBIND11_MODULE(_cxlrt, m) {
           },
           py::arg("nbytes"))
       .def("all_reduce",
-           [](PyComm& c, py::buffer send, py::buffer recv, size_t count, const std::string& dtype,
-              const std::string& op) {
-             const Span s = SpanOf(send, false), r = SpanOf(recv, true);
+           [](PyComm& c, py::object send, py::object recv, size_t count, const std::string& dtype,
+              const std::string& op, uint64_t stream) {
+             const Span s = AnySpanOf(send, false), r = AnySpanOf(recv, true);
              const auto t = TypeOf(dtype);
              const auto o = OpOf(op);
-             c.Run([&](auto& comm) { return comm.AllReduce(s.p, r.p, count, t, o); });
+             c.Run([&](auto& comm) {
+               return comm.AllReduce(s.p, r.p, count, t, o, reinterpret_cast<void*>(stream));
+             });
            })
       .def("reduce_scatter",
-           [](PyComm& c, py::buffer send, py::buffer recv, size_t count, const std::string& dtype,
-              const std::string& op) {
-             const Span s = SpanOf(send, false), r = SpanOf(recv, true);
+           [](PyComm& c, py::object send, py::object recv, size_t count, const std::string& dtype,
+              const std::string& op, uint64_t stream) {
+             const Span s = AnySpanOf(send, false), r = AnySpanOf(recv, true);
              const auto t = TypeOf(dtype);
              const auto o = OpOf(op);
-             c.Run([&](auto& comm) { return comm.ReduceScatter(s.p, r.p, count, t, o); });
+             c.Run([&](auto& comm) {
+               return comm.ReduceScatter(s.p, r.p, count, t, o, reinterpret_cast<void*>(stream));
+             });
            })
       .def("all_gather",
-           [](PyComm& c, py::buffer send, py::buffer recv, size_t count, const std::string& dtype) {
-             const Span s = SpanOf(send, false), r = SpanOf(recv, true);
+           [](PyComm& c, py::object send, py::object recv, size_t count, const std::string& dtype,
+              uint64_t stream) {
+             const Span s = AnySpanOf(send, false), r = AnySpanOf(recv, true);
              const auto t = TypeOf(dtype);
-             c.Run([&](auto& comm) { return comm.AllGather(s.p, r.p, count, t); });
+             c.Run([&](auto& comm) {
+               return comm.AllGather(s.p, r.p, count, t, reinterpret_cast<void*>(stream));
+             });
            })
       .def("broadcast",
-           [](PyComm& c, py::buffer send, py::buffer recv, size_t count, const std::string& dtype,
-              int root) {
-             const Span s = SpanOf(send, false), r = SpanOf(recv, true);
+           [](PyComm& c, py::object send, py::object recv, size_t count, const std::string& dtype,
+              int root, uint64_t stream) {
+             const Span s = AnySpanOf(send, false), r = AnySpanOf(recv, true);
              const auto t = TypeOf(dtype);
-             c.Run([&](auto& comm) { return comm.Broadcast(s.p, r.p, count, t, root); });
+             c.Run([&](auto& comm) {
+               return comm.Broadcast(s.p, r.p, count, t, root, reinterpret_cast<void*>(stream));
+             });
            })
       .def("reduce",
-           [](PyComm& c, py::buffer send, py::buffer recv, size_t count, const std::string& dtype,
-              const std::string& op, int root) {
-             const Span s = SpanOf(send, false), r = SpanOf(recv, true);
+           [](PyComm& c, py::object send, py::object recv, size_t count, const std::string& dtype,
+              const std::string& op, int root, uint64_t stream) {
+             const Span s = AnySpanOf(send, false), r = AnySpanOf(recv, true);
              const auto t = TypeOf(dtype);
              const auto o = OpOf(op);
-             c.Run([&](auto& comm) { return comm.Reduce(s.p, r.p, count, t, o, root); });
+             c.Run([&](auto& comm) {
+               return comm.Reduce(s.p, r.p, count, t, o, root, reinterpret_cast<void*>(stream));
+             });
            })
       .def("gather",
-           [](PyComm& c, py::buffer send, py::buffer recv, size_t count, const std::string& dtype,
-              int root) {
-             const Span s = SpanOf(send, false), r = SpanOf(recv, true);
+           [](PyComm& c, py::object send, py::object recv, size_t count, const std::string& dtype,
+              int root, uint64_t stream) {
+             const Span s = AnySpanOf(send, false), r = AnySpanOf(recv, true);
              const auto t = TypeOf(dtype);
-             c.Run([&](auto& comm) { return comm.Gather(s.p, r.p, count, t, root); });
+             c.Run([&](auto& comm) {
+               return comm.Gather(s.p, r.p, count, t, root, reinterpret_cast<void*>(stream));
+             });
            })
       .def("scatter",
-           [](PyComm& c, py::buffer send, py::buffer recv, size_t count, const std::string& dtype,
-              int root) {
-             const Span s = SpanOf(send, false), r = SpanOf(recv, true);
+           [](PyComm& c, py::object send, py::object recv, size_t count, const std::string& dtype,
+              int root, uint64_t stream) {
+             const Span s = AnySpanOf(send, false), r = AnySpanOf(recv, true);
              const auto t = TypeOf(dtype);
-             c.Run([&](auto& comm) { return comm.Scatter(s.p, r.p, count, t, root); });
+             c.Run([&](auto& comm) {
+               return comm.Scatter(s.p, r.p, count, t, root, reinterpret_cast<void*>(stream));
+             });
            })
       .def("all_to_all",
-           [](PyComm& c, py::buffer send, py::buffer recv, size_t count, const std::string& dtype) {
-             const Span s = SpanOf(send, false), r = SpanOf(recv, true);
+           [](PyComm& c, py::object send, py::object recv, size_t count, const std::string& dtype,
+              uint64_t stream) {
+             const Span s = AnySpanOf(send, false), r = AnySpanOf(recv, true);
              const auto t = TypeOf(dtype);
-             c.Run([&](auto& comm) { return comm.AllToAll(s.p, r.p, count, t); });
+             c.Run([&](auto& comm) {
+               return comm.AllToAll(s.p, r.p, count, t, reinterpret_cast<void*>(stream));
+             });
            })
       .def("barrier", [](PyComm& c) { c.Run([](auto& comm) { return comm.Barrier(); }); })
       .def("send",
-           [](PyComm& c, py::buffer buf, size_t count, const std::string& dtype, int peer) {
-             const Span s = SpanOf(buf, false);
+           [](PyComm& c, py::object buf, size_t count, const std::string& dtype, int peer,
+              uint64_t stream) {
+             const Span s = AnySpanOf(buf, false);
              const auto t = TypeOf(dtype);
-             c.Run([&](auto& comm) { return comm.Send(s.p, count, t, peer); });
+             c.Run([&](auto& comm) {
+               return comm.Send(s.p, count, t, peer, reinterpret_cast<void*>(stream));
+             });
            })
-      .def("recv", [](PyComm& c, py::buffer buf, size_t count, const std::string& dtype, int peer) {
-        const Span r = SpanOf(buf, true);
+      .def("recv", [](PyComm& c, py::object buf, size_t count, const std::string& dtype, int peer,
+                      uint64_t stream) {
+        const Span r = AnySpanOf(buf, true);
         const auto t = TypeOf(dtype);
-        c.Run([&](auto& comm) { return comm.Recv(r.p, count, t, peer); });
+        c.Run([&](auto& comm) {
+          return comm.Recv(r.p, count, t, peer, reinterpret_cast<void*>(stream));
+        });
       });
 
   m.def(
@@ -588,9 +666,9 @@ PYBIND11_MODULE(_cxlrt, m) {
       .def("close", &PyStore::Close)
       .def(
           "put",
-          [](PyStore& st, const std::string& ns, py::bytes key, py::buffer value) {
+          [](PyStore& st, const std::string& ns, py::bytes key, py::object value) {
             const std::string k = key;
-            const Span v = SpanOf(value, false);
+            const Span v = AnySpanOf(value, false);
             kv::Store& s = st.s();
             absl::Status r;
             {
@@ -602,9 +680,9 @@ PYBIND11_MODULE(_cxlrt, m) {
           py::arg("ns"), py::arg("key"), py::arg("value"))
       .def(
           "get_into",
-          [](PyStore& st, const std::string& ns, py::bytes key, py::buffer out) {
+          [](PyStore& st, const std::string& ns, py::bytes key, py::object out) {
             const std::string k = key;
-            const Span o = SpanOf(out, true);
+            const Span o = AnySpanOf(out, true);
             kv::Store& s = st.s();
             absl::StatusOr<size_t> r;
             {

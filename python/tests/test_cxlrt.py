@@ -216,6 +216,35 @@ def test_bad_arguments_raise_before_any_wait(uri):
         comm.destroy()
 
 
+def test_gpu_memory_without_a_gpu_is_refused_saying_why(uri):
+    # DeviceSpans name GPU memory; where there is none (or the address is
+    # not GPU memory) the call refuses before touching it, never reads it
+    # as host memory.
+    span = cxlrt.DeviceSpan(0x7F0000001000, 4096)
+    assert span.ptr == 0x7F0000001000 and span.nbytes == 4096 and "DeviceSpan" in repr(span)
+    with cxlrt.Host(uri) as host:
+        comm = host.communicator("gpu-refused", 1, 0)
+        store = host.store(create=True)
+        if not cxlrt.devices_available():
+            assert cxlrt.devices_unavailable_reason()
+        for call in (lambda: comm._c.all_reduce(span, span, 1024, "float32", "sum", 0),
+                     lambda: comm._c.broadcast(span, span, 1024, "float32", 0, 0),
+                     lambda: store._s.put("ns", b"k", span),
+                     lambda: store._s.get_into("ns", b"k", span)):
+            with pytest.raises(cxlrt.InvalidArgumentError, match="DeviceSpan at 0x7f0000001000"):
+                call()
+        with pytest.raises(cxlrt.InvalidArgumentError, match="expected a buffer"):
+            comm._c.all_reduce(object(), span, 1, "float32", "sum", 0)
+        # A stream with host arrays: synchronised first (no GPU: refused).
+        x = np.ones(4, np.float32)
+        comm.all_reduce(x, stream=0)
+        assert (x == 1).all()
+        with pytest.raises(cxlrt.InvalidArgumentError, match="not a stream"):
+            comm.all_reduce(x, stream="s")
+        comm.destroy()
+        store.close()
+
+
 def _handoff(rank, n, uri):
     """Prefill (rank 0) puts a chain of KV blocks; decode (rank 1) finds the
     prefix, pins it, and reads it into its own buffers."""
