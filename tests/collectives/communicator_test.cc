@@ -959,11 +959,20 @@ TEST_P(CollectivesTest, AsynchronousCallsQueueAndRunInOrderOnTheProxy) {
         constexpr size_t kCount = 300000;  // two-shot, several chunks
         std::vector<std::vector<int64_t>> in(kCalls, std::vector<int64_t>(kCount));
         std::vector<std::vector<int64_t>> out(kCalls, std::vector<int64_t>(kCount, -1));
+        // The others come 500 ms late: a call that waited for them (a
+        // synchronous one) could not return before they do.
+        if (r != 0) absl::SleepFor(absl::Milliseconds(500));
+        const absl::Time start = absl::Now();
         for (int k = 0; k < kCalls; ++k) {
           for (size_t i = 0; i < kCount; ++i) in[k][i] = 1000 * k + r + static_cast<int64_t>(i);
           absl::Status s =
               comm.AllReduce(in[k].data(), out[k].data(), kCount, DataType::kInt64, RedOp::kSum);
           if (!s.ok()) return absl::StrCat("call ", k, " was not queued: ", s.ToString());
+        }
+        if (r == 0 && absl::Now() - start > absl::Milliseconds(250)) {
+          return absl::StrCat("queueing ", kCalls, " calls took ",
+                              absl::FormatDuration(absl::Now() - start),
+                              ": they waited for the late ranks");
         }
         if (absl::Status s = comm.Synchronize(); !s.ok()) return "Synchronize: " + s.ToString();
         for (int k = 0; k < kCalls; ++k) {
