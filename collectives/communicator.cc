@@ -571,8 +571,8 @@ absl::StatusOr<CopyEngine*> Communicator::EngineFor(const char* what,
 }
 
 absl::Status Communicator::EndOnStream(CopyEngine* engine, void* stream) {
-  if (engine != device_engine_.get() || engine == nullptr) return absl::OkStatus();
-  return device_engine_->FinishBefore(stream);
+  DeviceEngine* dev = DeviceOf(engine);
+  return dev ? dev->FinishBefore(stream) : absl::OkStatus();
 }
 
 absl::StatusOr<algorithms::Call> Communicator::Begin(CollKind kind, DataType type, RedOp op,
@@ -604,11 +604,13 @@ absl::StatusOr<algorithms::Call> Communicator::Begin(CollKind kind, DataType typ
                           .oneshot_max = options_.oneshot_max};
 }
 
-absl::Status Communicator::Usable() const {
+absl::Status Communicator::Usable() const { return UsableAfter(failed()); }
+
+absl::Status Communicator::UsableAfter(const absl::Status& failure) const {
   if (destroyed_) return absl::FailedPreconditionError(name_ + " was destroyed");
-  if (!failed().ok()) {
+  if (!failure.ok()) {
     return absl::FailedPreconditionError(
-        absl::StrCat(name_, " was aborted by an earlier error: ", failed().message()));
+        absl::StrCat(name_, " was aborted by an earlier error: ", failure.message()));
   }
   return absl::OkStatus();
 }
@@ -631,16 +633,13 @@ absl::Status Communicator::Run(CollKind kind, DataType type, RedOp op, size_t co
                                const void* send, const void* recv, void* stream,
                                Algorithm algorithm) {
   if (options_.asynchronous) {
-    // The caller's thread: the checks that need no transport, the engine,
-    // a mark on the stream; the proxy runs the call (docs/gpu.md, "Streams").
-    if (destroyed_) return absl::FailedPreconditionError(name_ + " was destroyed");
-    if (absl::Status e = AsyncError(); !e.ok()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(name_, " was aborted by an earlier error: ", e.message()));
-    }
+    // The caller's thread: the checks that need no transport (the proxy
+    // owns it), the engine, a mark on the stream; the proxy runs the call
+    // (docs/gpu.md, "Streams").
+    CXLRT_RETURN_IF_ERROR(UsableAfter(AsyncError()));
     CXLRT_ASSIGN_OR_RETURN(CopyEngine * engine,
                            EngineFor(CollKindName(kind), {send, recv}, stream, /*start=*/false));
-    DeviceEngine* dev = engine == device_engine_.get() ? device_engine_.get() : nullptr;
+    DeviceEngine* dev = DeviceOf(engine);
     uint64_t mark = 0;
     if (dev) {
       CXLRT_ASSIGN_OR_RETURN(mark, dev->Mark(stream));

@@ -203,6 +203,8 @@ class Communicator {
                                          int root, CopyEngine& engine);
   // OK, or why no call may start (destroyed, aborted).
   absl::Status Usable() const;
+  // The same, with `failure` as the communicator's first error.
+  absl::Status UsableAfter(const absl::Status& failure) const;
   // Asynchronous mode: waits for the queued calls before a call that runs
   // on the caller's thread.
   void Quiesce();
@@ -221,6 +223,10 @@ class Communicator {
   absl::StatusOr<CopyEngine*> EngineFor(const char* what,
                                         std::initializer_list<const void*> buffers, void* stream,
                                         bool start = true);
+  // `engine` as the device engine, or null when it is another.
+  DeviceEngine* DeviceOf(CopyEngine* engine) const {
+    return engine != nullptr && engine == device_engine_.get() ? device_engine_.get() : nullptr;
+  }
   // After a call on `engine`: orders `stream` after it.
   absl::Status EndOnStream(CopyEngine* engine, void* stream);
   // Publishes the bytes of a flag line after its flag word (see .cc).

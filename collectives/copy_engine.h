@@ -52,7 +52,9 @@ class CopyEngine {
   // Copies between caller buffers. REQUIRES: no overlap.
   virtual Ticket Copy(void* dst, const void* src, size_t n) = 0;
   // out = srcs[0] op ... op srcs[n-1] (collectives::Reduce's contract);
-  // sources may be pool addresses from PeerBytes or caller buffers.
+  // sources may be pool addresses from PeerBytes, caller buffers, or, for
+  // a peer's post inline in its post line, the transport's private copy
+  // of those bytes (host memory even in a call of device buffers).
   virtual Ticket Reduce(DataType t, RedOp op, void* out, const void* const* srcs, int n,
                         size_t count, int avg_divisor) = 0;
 

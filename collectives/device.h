@@ -43,7 +43,8 @@ MemoryKind KindOf(const void* p);
 // device DMA on another (both copy engines of the GPU run at once), and
 // reductions as kernels on a third. Tickets are CUDA events. Caller
 // buffers may be device memory or lie in the pool (whose mapping the engine
-// registered); private host memory is not reachable (Reaches says so).
+// registered); private host memory is not reachable, except a reduction's
+// small sources, which it stages.
 class DeviceEngine : public CopyEngine {
  public:
   // Orders the engine's later operations after the work enqueued so far
@@ -52,17 +53,12 @@ class DeviceEngine : public CopyEngine {
   // Orders `stream`'s later work after every operation of the engine so
   // far, without waiting on the host.
   virtual absl::Status FinishBefore(void* stream) = 0;
-  // Whether the engine can read and write [p, p+n): device memory, or the
-  // registered pool.
-  virtual bool Reaches(const void* p, size_t n) = 0;
   // Copies count buffers, dsts[i] <- srcs[i] of sizes[i] bytes, in one
   // submission (cudaMemcpyBatchAsync where the driver has it), into the
   // pool (`to_pool`: every dst lies in the pool) or out of it; one ticket
   // for them all. For scattered KV pages.
   virtual Ticket CopyBatch(bool to_pool, void* const* dsts, const void* const* srcs,
                            const size_t* sizes, size_t count) = 0;
-  // The engine's GPU (a CUDA device ordinal).
-  virtual int device() const = 0;
 
   // Asynchronous calls (CommOptions::asynchronous): the caller's thread
   // queues a call and returns; a proxy thread runs it on this engine.

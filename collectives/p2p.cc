@@ -32,7 +32,7 @@ absl::Status Communicator::Send(const void* buf, size_t count, DataType type, in
   }
   // Device buffers move through the CUDA engine; host ones as before.
   CXLRT_ASSIGN_OR_RETURN(CopyEngine * engine, EngineFor("Send", {buf}, stream));
-  DeviceEngine* dev = engine == device_engine_.get() ? device_engine_.get() : nullptr;
+  DeviceEngine* dev = DeviceOf(engine);
   deadline_ = absl::Now() + options_.timeout;
   const size_t bytes = count * SizeOf(type);
   const auto* in = static_cast<const uint8_t*>(buf);
@@ -78,7 +78,7 @@ absl::Status Communicator::Recv(void* buf, size_t count, DataType type, int peer
         absl::StrCat("Recv from rank ", peer, " at rank ", rank_, " of ", nranks_));
   }
   CXLRT_ASSIGN_OR_RETURN(CopyEngine * engine, EngineFor("Recv", {buf}, stream));
-  DeviceEngine* dev = engine == device_engine_.get() ? device_engine_.get() : nullptr;
+  DeviceEngine* dev = DeviceOf(engine);
   deadline_ = absl::Now() + options_.timeout;
   const size_t bytes = count * SizeOf(type);
   auto* out = static_cast<uint8_t*>(buf);

@@ -38,11 +38,6 @@ absl::Status StreamProxy::error() const {
   return error_;
 }
 
-uint64_t StreamProxy::pending() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return enqueued_ - finished_;
-}
-
 void StreamProxy::Loop() {
   for (;;) {
     std::pair<uint64_t, Op> item;

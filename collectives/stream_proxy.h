@@ -8,7 +8,7 @@
 // communicator is aborted by then), and still marked done, so no stream
 // waits forever.
 //
-// Thread-safety: Enqueue, Drain, error and queued are called by the
+// Thread-safety: Enqueue, Drain and error are called by the
 // communicator's user thread; ops and `done` run on the proxy thread.
 #pragma once
 
@@ -40,8 +40,6 @@ class StreamProxy {
   absl::Status Drain();
   // OK, or the first error an op returned.
   absl::Status error() const;
-  // Ops queued and not yet finished.
-  uint64_t pending() const;
 
  private:
   void Loop();

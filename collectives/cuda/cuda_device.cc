@@ -192,7 +192,6 @@ class CudaEngine final : public DeviceEngine {
 
   const char* name() const override { return staged_reduce_ ? "cuda (staged)" : "cuda"; }
   bool host_buffers() const override { return false; }
-  int device() const override { return device_; }
 
   Ticket ToPool(runtime::PoolOffset dst, const void* src, size_t n) override {
     if (n == 0) return 0;
@@ -218,9 +217,9 @@ class CudaEngine final : public DeviceEngine {
   Ticket Reduce(DataType t, RedOp op, void* out, const void* const* srcs, int n, size_t count,
                 int avg_divisor) override {
     if (count == 0) return 0;
-    if (n > cuda::kMaxReduceSources) {
-      SetError(absl::UnimplementedError(absl::StrCat(
-          "a device reduction of ", n, " sources (at most ", cuda::kMaxReduceSources, ")")));
+    if (n > cuda::kMaxReduceSources) {  // a communicator has at most that many ranks
+      SetError(absl::InternalError(absl::StrCat("a device reduction of ", n, " sources: more than ",
+                                                cuda::kMaxReduceSources, " ranks")));
       return Record(compute_);
     }
     cuda::ReduceArgs a{};
@@ -397,10 +396,6 @@ class CudaEngine final : public DeviceEngine {
 
   void SetDone(uint64_t seq) override {
     std::atomic_ref<uint64_t>(*done_host_).store(seq, std::memory_order_release);
-  }
-
-  bool Reaches(const void* p, size_t n) override {
-    return n == 0 || reg_->Contains(p, n) || KindOf(p) == MemoryKind::kDevice;
   }
 
  private:

@@ -58,8 +58,8 @@ __device__ __forceinline__ A Apply(A x, A y) {
   }
 }
 
-template <typename T, RedOp kOp, int V>
-__device__ __forceinline__ void ReduceElements(const ReduceArgs& a, size_t at, T* out) {
+template <typename T, RedOp kOp, int V, typename Args>
+__device__ __forceinline__ void ReduceElements(const Args& a, size_t at, T* out) {
   using Tr = Traits<T>;
   using A = typename Tr::Acc;
   A acc[V];
@@ -81,8 +81,8 @@ __device__ __forceinline__ void ReduceElements(const ReduceArgs& a, size_t at, T
 // 16-byte loads and stores per thread when every pointer allows, else one
 // element at a time. Each thread reads all sources of its elements before
 // writing them, so `out` may be one of the sources (in place).
-template <typename T, RedOp kOp>
-__global__ void ReduceKernel(ReduceArgs a, bool vec) {
+template <typename T, RedOp kOp, typename Args>
+__global__ void ReduceKernel(Args a, bool vec) {
   constexpr int V = 16 / sizeof(T);
   const size_t tid = size_t{blockIdx.x} * blockDim.x + threadIdx.x;
   const size_t stride = size_t{gridDim.x} * blockDim.x;
@@ -131,7 +131,17 @@ cudaError_t Launch(const ReduceArgs& a, cudaStream_t stream) {
   constexpr unsigned kThreads = 256;
   const unsigned blocks =
       static_cast<unsigned>(std::min<size_t>((units + kThreads - 1) / kThreads, 1024));
-  ReduceKernel<T, kOp><<<blocks, kThreads, 0, stream>>>(a, vec);
+  if (a.n <= kSmallSources) {
+    ReduceArgsOf<kSmallSources> small{};
+    std::copy(a.srcs, a.srcs + a.n, small.srcs);
+    small.n = a.n;
+    small.out = a.out;
+    small.count = a.count;
+    small.divisor = a.divisor;
+    ReduceKernel<T, kOp><<<blocks, kThreads, 0, stream>>>(small, vec);
+  } else {
+    ReduceKernel<T, kOp><<<blocks, kThreads, 0, stream>>>(a, vec);
+  }
   return cudaGetLastError();
 }
 

@@ -11,16 +11,24 @@
 
 namespace cxlrt::collectives::cuda {
 
-// Most sources of one reduction kernel (the ranks of a call).
-inline constexpr int kMaxReduceSources = 64;
+// Most sources of one reduction: the ranks of a communicator at most
+// (collectives/communicator.cc refuses more than 1024).
+inline constexpr int kMaxReduceSources = 1024;
 
-struct ReduceArgs {
-  const void* srcs[kMaxReduceSources];  // device-addressable (device memory or mapped pool)
+// The arguments of a reduction kernel, passed by value. Calls of up to
+// kSmallSources sources launch with a small copy; larger ones with all
+// kMaxReduceSources pointers (8 KiB of parameters, which CUDA 12.1 and
+// later take).
+inline constexpr int kSmallSources = 32;
+template <int kCapacity>
+struct ReduceArgsOf {
+  const void* srcs[kCapacity];  // device-addressable (device memory or mapped pool)
   int n;
   void* out;
   size_t count;
   int divisor;  // for avg
 };
+using ReduceArgs = ReduceArgsOf<kMaxReduceSources>;
 
 // out = srcs[0] op ... op srcs[n-1], element by element, in rank order,
 // with the CPU kernels' arithmetic (collectives/types.cc): integers wrap,

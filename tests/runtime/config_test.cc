@@ -31,7 +31,8 @@ TEST(ConfigTest, DefaultsWhenNothingIsSet) {
 
 TEST(ConfigTest, ReadsEveryVariable) {
   auto c = Parse({{"CXLRT_POOL", "emu://x?size=8M"},
-                  {"CXLRT_HOST_ID", "3"}, {"CXLRT_SLOTS_PER_HOST", "4"},
+                  {"CXLRT_HOST_ID", "3"},
+                  {"CXLRT_SLOTS_PER_HOST", "4"},
                   {"CXLRT_FAULT", "pool.create.before_magic:crash"},
                   {"CXLRT_LEASE_MS", "500"},
                   {"CXLRT_HEARTBEAT_MS", "50"},
