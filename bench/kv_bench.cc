@@ -163,7 +163,7 @@ int RunKvBench(const KvBenchOptions& o) {
           for (uint64_t i = 0; i < n; i += o.batch) {
             items.clear();
             for (uint64_t k = i; k < std::min<uint64_t>(n, i + o.batch); ++k) {
-              items.push_back({keys[k], put_src + k * b, b});
+              items.push_back({keys[k], put_src + k * b, b, {}});
             }
             for (const absl::Status& s : writer.store->BatchPut(kNs, items)) {
               if (!s.ok()) return fail(s);
@@ -188,7 +188,7 @@ int RunKvBench(const KvBenchOptions& o) {
             for (uint64_t i = 0; i < n && errs[r].ok(); i += o.batch) {
               items.clear();
               for (uint64_t k = i; k < std::min<uint64_t>(n, i + o.batch); ++k) {
-                items.push_back({keys[k], d + k * b, b});
+                items.push_back({keys[k], d + k * b, b, {}});
               }
               for (const auto& got : me.store->BatchGet(kNs, items)) {
                 if (!got.ok()) errs[r] = got.status();

@@ -5,6 +5,7 @@
 #include <deque>
 #include <optional>
 #include <set>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/escaping.h"
@@ -79,6 +80,42 @@ uint64_t KeyHash(uint32_t ns, absl::string_view key) {
 }
 
 // What the owner knows of each slot of its partition.
+namespace {
+
+// An item's parts: its own, or its one buffer as a single part.
+absl::Span<const PutPart> PartsOf(const PutItem& it, PutPart* one) {
+  if (!it.parts.empty()) return it.parts;
+  *one = {it.data, it.size};
+  return {one, 1};
+}
+absl::Span<const GetPart> PartsOf(const GetItem& it, GetPart* one) {
+  if (!it.parts.empty()) return it.parts;
+  *one = {it.dst, it.capacity};
+  return {one, 1};
+}
+
+absl::Status CheckItem(absl::string_view key, bool has_buffer, size_t parts) {
+  CXLRT_RETURN_IF_ERROR(CheckName("key", key, kMaxKeyBytes));
+  if (has_buffer && parts > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key '", Printable(key), "' has both a buffer and ", parts, " parts; give one of them"));
+  }
+  return absl::OkStatus();
+}
+absl::Status CheckItem(const PutItem& it) {
+  return CheckItem(it.key, it.data != nullptr || it.size != 0, it.parts.size());
+}
+absl::Status CheckItem(const GetItem& it) {
+  return CheckItem(it.key, it.dst != nullptr || it.capacity != 0, it.parts.size());
+}
+
+absl::Status MixedParts(absl::string_view key) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the parts of key '", Printable(key), "' are in both GPU and host memory; give one kind"));
+}
+
+}  // namespace
+
 struct Store::Local {
   uint64_t state = 0;  // EntryState as in the pool
   bool busy = false;   // a put is copying into it
@@ -485,29 +522,33 @@ absl::Status Store::Put(absl::string_view ns, absl::string_view key, const void*
   CXLRT_RETURN_IF_ERROR(CheckName("key", key, kMaxKeyBytes));
   CXLRT_ASSIGN_OR_RETURN(uint32_t id, NamespaceId(ns, true));
   if (auto kinds = KindsOf(&data, 1); !kinds.empty()) {
-    return DeviceBatchPut(id, ns, {PutItem{key, data, size}}, kinds)[0];
+    return DeviceBatchPut(id, ns, {PutItem{key, data, size, {}}}, kinds, {})[0];
   }
-  return PutOne(id, ns, key, data, size);
+  const PutPart part{data, size};
+  return PutOne(id, ns, key, {&part, 1});
 }
 
 std::vector<absl::Status> Store::BatchPut(absl::string_view ns, absl::Span<const PutItem> items) {
   std::vector<absl::Status> out(items.size());
   auto id = NamespaceId(ns, true);
-  std::vector<const void*> ptrs;
-  for (const PutItem& it : items) ptrs.push_back(it.data);
-  if (auto kinds = KindsOf(ptrs.data(), ptrs.size()); id.ok() && !kinds.empty()) {
-    return DeviceBatchPut(*id, ns, items, kinds);
+  std::vector<bool> mixed;
+  if (auto kinds = ItemKinds(items, &mixed); id.ok() && !kinds.empty()) {
+    return DeviceBatchPut(*id, ns, items, kinds, mixed);
   }
   uint64_t bytes = 0;
-  for (const PutItem& it : items) bytes += it.size;
+  for (const PutItem& it : items) {
+    bytes += it.size;
+    for (const PutPart& p : it.parts) bytes += p.size;
+  }
   ForEachItem(items.size(), bytes, [&](size_t i) {
     const PutItem& it = items[i];
     if (!id.ok()) {
       out[i] = id.status();
       return;
     }
-    absl::Status st = CheckName("key", it.key, kMaxKeyBytes);
-    out[i] = st.ok() ? PutOne(*id, ns, it.key, it.data, it.size) : st;
+    absl::Status st = CheckItem(it);
+    PutPart one;
+    out[i] = st.ok() ? PutOne(*id, ns, it.key, PartsOf(it, &one)) : st;
   });
   return out;
 }
@@ -521,9 +562,15 @@ void Store::ForEachItem(size_t n, uint64_t bytes, const std::function<void(size_
 }
 
 absl::Status Store::PutOne(uint32_t ns, absl::string_view ns_name, absl::string_view key,
-                           const void* data, size_t size) {
+                           absl::Span<const PutPart> parts) {
+  size_t size = 0;
+  for (const PutPart& p : parts) size += p.size;
   CXLRT_ASSIGN_OR_RETURN(const Reserved r, Reserve(ns, ns_name, key, size));
-  c_.CopyToPool(r.block, data, size);
+  PoolOffset at = r.block;
+  for (const PutPart& p : parts) {
+    if (p.size > 0) c_.CopyToPool(at, p.data, p.size);
+    at += p.size;
+  }
   return Seal(ns, key, r, size);
 }
 
@@ -690,36 +737,44 @@ absl::StatusOr<size_t> Store::Get(absl::string_view ns, absl::string_view key, v
   if (!id.ok()) return id.status();
   const void* p = dst;
   if (auto kinds = KindsOf(&p, 1); !kinds.empty()) {
-    return DeviceBatchGet(*id, {GetItem{key, dst, capacity}}, kinds)[0];
+    return DeviceBatchGet(*id, {GetItem{key, dst, capacity, {}}}, kinds, {})[0];
   }
-  return GetOne(*id, key, dst, capacity);
+  const GetPart part{dst, capacity};
+  return GetOne(*id, key, {&part, 1}, /*exact=*/false);
 }
 
 std::vector<absl::StatusOr<size_t>> Store::BatchGet(absl::string_view ns,
                                                     absl::Span<const GetItem> items) {
   std::vector<absl::StatusOr<size_t>> out(items.size(), absl::UnknownError("not run"));
   auto id = NamespaceId(ns, false);
-  std::vector<const void*> ptrs;
-  for (const GetItem& it : items) ptrs.push_back(it.dst);
-  if (auto kinds = KindsOf(ptrs.data(), ptrs.size()); id.ok() && !kinds.empty()) {
-    return DeviceBatchGet(*id, items, kinds);
+  std::vector<bool> mixed;
+  if (auto kinds = ItemKinds(items, &mixed); id.ok() && !kinds.empty()) {
+    return DeviceBatchGet(*id, items, kinds, mixed);
   }
   uint64_t bytes = 0;
-  for (const GetItem& it : items) bytes += it.capacity;
+  for (const GetItem& it : items) {
+    bytes += it.capacity;
+    for (const GetPart& p : it.parts) bytes += p.size;
+  }
   ForEachItem(items.size(), bytes, [&](size_t i) {
     const GetItem& it = items[i];
     if (!id.ok()) {
       out[i] = id.status();
       return;
     }
-    absl::Status st = CheckName("key", it.key, kMaxKeyBytes);
-    out[i] = st.ok() ? GetOne(*id, it.key, it.dst, it.capacity) : absl::StatusOr<size_t>(st);
+    absl::Status st = CheckItem(it);
+    GetPart one;
+    out[i] = st.ok() ? GetOne(*id, it.key, PartsOf(it, &one), !it.parts.empty())
+                     : absl::StatusOr<size_t>(st);
   });
   return out;
 }
 
-absl::StatusOr<size_t> Store::GetOne(uint32_t ns, absl::string_view key, void* dst, size_t capacity,
+absl::StatusOr<size_t> Store::GetOne(uint32_t ns, absl::string_view key,
+                                     absl::Span<const GetPart> parts, bool exact,
                                      collectives::DeviceEngine* dev) {
+  size_t capacity = 0;
+  for (const GetPart& p : parts) capacity += p.size;
   const uint64_t hash = KeyHash(ns, key);
   // A get that races an eviction sees the seal change and looks again; a
   // key evicted for good is then not found.
@@ -747,19 +802,39 @@ absl::StatusOr<size_t> Store::GetOne(uint32_t ns, absl::string_view key, void* d
       if (++waits < 16) --attempt;  // put back: read it again
       continue;
     }
+    if (exact && e.value_size != capacity) {
+      return absl::InvalidArgumentError(absl::StrCat("the value of key '", Printable(key), "' is ",
+                                                     e.value_size, " bytes; its ", parts.size(),
+                                                     " parts hold ", capacity));
+    }
     if (e.value_size > capacity) {
       return absl::InvalidArgumentError(absl::StrCat("the value of key '", Printable(key), "' is ",
                                                      e.value_size, " bytes; the destination holds ",
                                                      capacity));
     }
+    // The value, cut along the parts (the last one may be left short).
+    std::vector<void*> dsts;
+    std::vector<const void*> srcs;
+    std::vector<size_t> sizes;
+    for (size_t i = 0, done = 0; i < parts.size() && done < e.value_size; ++i) {
+      const size_t n = std::min<size_t>(parts[i].size, e.value_size - done);
+      if (n == 0) continue;
+      dsts.push_back(parts[i].data);
+      srcs.push_back(pool_.backend().base() + e.block + done);
+      sizes.push_back(n);
+      done += n;
+    }
     if (dev) {
       // A DMA read returns this host's cached copy of a line when it has
       // one: drop the lines first, as CopyFromPool does.
       c_.Invalidate(e.block, e.value_size);
-      const auto t = dev->FromPool(dst, pool_.backend().base() + e.block, e.value_size);
+      const auto t =
+          dev->CopyBatch(/*to_pool=*/false, dsts.data(), srcs.data(), sizes.data(), dsts.size());
       CXLRT_RETURN_IF_ERROR(dev->Wait(t, absl::Now() + kDeviceCopyDeadline));
     } else {
-      c_.CopyFromPoolStreaming(dst, e.block, e.value_size);
+      for (size_t i = 0, done = 0; i < dsts.size(); done += sizes[i], ++i) {
+        c_.CopyFromPoolStreaming(dsts[i], e.block + done, sizes[i]);
+      }
     }
     // Loads of the value before the seal's: x86 keeps loads in order; the
     // fence keeps the compiler from moving them.
@@ -803,6 +878,37 @@ std::vector<collectives::MemoryKind> Store::KindsOf(const void* const* ptrs, siz
   return kinds;
 }
 
+template <typename Item>
+std::vector<collectives::MemoryKind> Store::ItemKinds(absl::Span<const Item> items,
+                                                      std::vector<bool>* mixed) {
+  std::vector<const void*> ptrs;
+  std::vector<size_t> first(items.size() + 1);  // item i's pointers: [first[i], first[i+1])
+  for (size_t i = 0; i < items.size(); ++i) {
+    first[i] = ptrs.size();
+    if (items[i].parts.empty()) {
+      if constexpr (std::is_same_v<Item, PutItem>) {
+        ptrs.push_back(items[i].data);
+      } else {
+        ptrs.push_back(items[i].dst);
+      }
+    }
+    for (const auto& p : items[i].parts) ptrs.push_back(p.data);
+  }
+  first[items.size()] = ptrs.size();
+  std::vector<collectives::MemoryKind> all = KindsOf(ptrs.data(), ptrs.size());
+  if (all.empty()) return all;
+  std::vector<collectives::MemoryKind> kinds(items.size(), collectives::MemoryKind::kHost);
+  mixed->assign(items.size(), false);
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (first[i] == first[i + 1]) continue;
+    kinds[i] = all[first[i]];
+    for (size_t j = first[i]; j < first[i + 1]; ++j) {
+      if (all[j] != kinds[i]) (*mixed)[i] = true;
+    }
+  }
+  return kinds;
+}
+
 absl::StatusOr<collectives::DeviceEngine*> Store::Device() {
   if (!device_) {
     CXLRT_ASSIGN_OR_RETURN(device_,
@@ -831,12 +937,19 @@ class CopyGroups {
   CopyGroups(collectives::DeviceEngine& engine, bool to_pool, Done done)
       : engine_(engine), to_pool_(to_pool), done_(std::move(done)) {}
 
-  void Add(T item, void* dst, const void* src, size_t n) {
+  // An item and its copies (its value's parts), all in one group: the item
+  // is done when they all are.
+  void Add(T item, absl::Span<void* const> dsts, absl::Span<const void* const> srcs,
+           absl::Span<const size_t> sizes) {
     open_.items.push_back(std::move(item));
-    open_.dsts.push_back(dst);
-    open_.srcs.push_back(src);
-    open_.sizes.push_back(n);
-    if ((open_.bytes += n) >= kGroupBytes) Submit();
+    for (size_t i = 0; i < dsts.size(); ++i) {
+      if (sizes[i] == 0) continue;
+      open_.dsts.push_back(dsts[i]);
+      open_.srcs.push_back(srcs[i]);
+      open_.sizes.push_back(sizes[i]);
+      open_.bytes += sizes[i];
+    }
+    if (open_.bytes >= kGroupBytes) Submit();
   }
   void Flush() {
     Submit();
@@ -855,7 +968,7 @@ class CopyGroups {
   void Submit() {
     if (open_.items.empty()) return;
     open_.ticket = engine_.CopyBatch(to_pool_, open_.dsts.data(), open_.srcs.data(),
-                                     open_.sizes.data(), open_.items.size());
+                                     open_.sizes.data(), open_.sizes.size());
     flying_.push_back(std::move(open_));
     open_ = {};
     if (flying_.size() >= kGroupsInFlight) FinishOne();
@@ -881,13 +994,15 @@ class CopyGroups {
 // the protocol. Items in host memory are put by the CPU as in BatchPut.
 std::vector<absl::Status> Store::DeviceBatchPut(uint32_t ns, absl::string_view ns_name,
                                                 absl::Span<const PutItem> items,
-                                                const std::vector<collectives::MemoryKind>& kinds) {
+                                                const std::vector<collectives::MemoryKind>& kinds,
+                                                const std::vector<bool>& mixed) {
   std::vector<absl::Status> out(items.size());
   std::lock_guard<std::mutex> lock(device_mu_);
   auto dev = Device();
   struct Pending {
     size_t item;
     Reserved r;
+    size_t size;
   };
   std::optional<CopyGroups<Pending>> g;
   if (dev.ok()) {
@@ -901,31 +1016,48 @@ std::vector<absl::Status> Store::DeviceBatchPut(uint32_t ns, absl::string_view n
                                                              Printable(items[p.item].key),
                                                              "' from GPU memory: ", st.message()));
                   } else {
-                    out[p.item] = Seal(ns, items[p.item].key, p.r, items[p.item].size);
+                    out[p.item] = Seal(ns, items[p.item].key, p.r, p.size);
                   }
                 }
               });
   }
   for (size_t i = 0; i < items.size(); ++i) {
     const PutItem& it = items[i];
-    if (absl::Status st = CheckName("key", it.key, kMaxKeyBytes); !st.ok()) {
+    if (absl::Status st = CheckItem(it); !st.ok()) {
       out[i] = st;
       continue;
     }
+    if (!mixed.empty() && mixed[i]) {
+      out[i] = MixedParts(it.key);
+      continue;
+    }
+    PutPart one;
+    const absl::Span<const PutPart> parts = PartsOf(it, &one);
     if (kinds[i] != collectives::MemoryKind::kDevice) {
-      out[i] = PutOne(ns, ns_name, it.key, it.data, it.size);
+      out[i] = PutOne(ns, ns_name, it.key, parts);
       continue;
     }
     if (!dev.ok()) {
       out[i] = dev.status();
       continue;
     }
-    auto r = Reserve(ns, ns_name, it.key, it.size);
+    size_t size = 0;
+    for (const PutPart& p : parts) size += p.size;
+    auto r = Reserve(ns, ns_name, it.key, size);
     if (!r.ok()) {
       out[i] = r.status();
       continue;
     }
-    g->Add({i, *r}, pool_.backend().base() + r->block, it.data, it.size);
+    std::vector<void*> dsts;
+    std::vector<const void*> srcs;
+    std::vector<size_t> sizes;
+    for (size_t at = 0; const PutPart& p : parts) {
+      dsts.push_back(pool_.backend().base() + r->block + at);
+      srcs.push_back(p.data);
+      sizes.push_back(p.size);
+      at += p.size;
+    }
+    g->Add({i, *r, size}, dsts, srcs, sizes);
   }
   if (g) g->Flush();
   return out;
@@ -936,8 +1068,8 @@ std::vector<absl::Status> Store::DeviceBatchPut(uint32_t ns, absl::string_view n
 // whose entry changed meanwhile (evicted, its block reused), a miss, or an
 // entry being evicted is read on its own, as Get does.
 std::vector<absl::StatusOr<size_t>> Store::DeviceBatchGet(
-    uint32_t ns, absl::Span<const GetItem> items,
-    const std::vector<collectives::MemoryKind>& kinds) {
+    uint32_t ns, absl::Span<const GetItem> items, const std::vector<collectives::MemoryKind>& kinds,
+    const std::vector<bool>& mixed) {
   std::vector<absl::StatusOr<size_t>> out(items.size(), absl::UnknownError("not run"));
   std::lock_guard<std::mutex> lock(device_mu_);
   auto dev = Device();
@@ -968,33 +1100,55 @@ std::vector<absl::StatusOr<size_t>> Store::DeviceBatchGet(
   }
   for (size_t i = 0; i < items.size(); ++i) {
     const GetItem& it = items[i];
-    if (absl::Status st = CheckName("key", it.key, kMaxKeyBytes); !st.ok()) {
+    if (absl::Status st = CheckItem(it); !st.ok()) {
       out[i] = st;
       continue;
     }
+    if (!mixed.empty() && mixed[i]) {
+      out[i] = MixedParts(it.key);
+      continue;
+    }
+    GetPart one;
+    const absl::Span<const GetPart> parts = PartsOf(it, &one);
+    const bool exact = !it.parts.empty();
     if (kinds[i] != collectives::MemoryKind::kDevice) {
-      out[i] = GetOne(ns, it.key, it.dst, it.capacity);
+      out[i] = GetOne(ns, it.key, parts, exact);
       continue;
     }
     if (!dev.ok()) {
       out[i] = dev.status();
       continue;
     }
+    size_t capacity = 0;
+    for (const GetPart& p : parts) capacity += p.size;
     bool evicting = false;
     auto found = SearchAll(ns, it.key, KeyHash(ns, it.key), &evicting);
-    if (!found.ok() || !*found || evicting || (*found)->e.value_size > it.capacity) {
-      again.push_back(i);
+    if (!found.ok() || !*found || evicting || (*found)->e.value_size > capacity ||
+        (exact && (*found)->e.value_size != capacity)) {
+      again.push_back(i);  // GetOne says why, or waits out the eviction
       continue;
     }
     const EntryLayout& e = (*found)->e;
     // A DMA read returns this host's cached copy of a line when it has
     // one: drop the lines first, as CopyFromPool does.
     c_.Invalidate(e.block, e.value_size);
-    g->Add({i, (*found)->partition, (*found)->index, e.gen, e.value_size}, it.dst,
-           pool_.backend().base() + e.block, e.value_size);
+    std::vector<void*> dsts;
+    std::vector<const void*> srcs;
+    std::vector<size_t> sizes;
+    for (size_t k = 0, at = 0; k < parts.size() && at < e.value_size; ++k) {
+      const size_t n = std::min<size_t>(parts[k].size, e.value_size - at);
+      dsts.push_back(parts[k].data);
+      srcs.push_back(pool_.backend().base() + e.block + at);
+      sizes.push_back(n);
+      at += n;
+    }
+    g->Add({i, (*found)->partition, (*found)->index, e.gen, e.value_size}, dsts, srcs, sizes);
   }
   if (g) g->Flush();
-  for (size_t i : again) out[i] = GetOne(ns, items[i].key, items[i].dst, items[i].capacity, *dev);
+  for (size_t i : again) {
+    GetPart one;
+    out[i] = GetOne(ns, items[i].key, PartsOf(items[i], &one), !items[i].parts.empty(), *dev);
+  }
   return out;
 }
 

@@ -83,16 +83,36 @@ class PinSet {
   std::vector<uint32_t> records_;  // this host's pin records
 };
 
+// A value may be kept in parts: a paged KV block is the K and V pages of
+// every layer, each in its own tensor. The value is its parts in order,
+// copied straight between them and the pool (no staging buffer).
+struct PutPart {
+  const void* data = nullptr;
+  size_t size = 0;
+};
+struct GetPart {
+  void* data = nullptr;
+  size_t size = 0;
+};
+
+// One buffer (data, size) or, when `parts` is not empty, parts (data and
+// size then stay unset). The parts of one item are all host memory or all
+// GPU memory.
 struct PutItem {
   absl::string_view key;
   const void* data = nullptr;
   size_t size = 0;
+  absl::Span<const PutPart> parts;
 };
 
+// One buffer (dst, capacity: at least the value's size) or parts, whose
+// sizes must add up to the value's size exactly (the layout must match
+// the put's; kInvalidArgument otherwise, and nothing is copied).
 struct GetItem {
   absl::string_view key;
   void* dst = nullptr;
   size_t capacity = 0;
+  absl::Span<const GetPart> parts;
 };
 
 struct NamespaceStats {
@@ -219,7 +239,7 @@ class Store {
   bool SealIs(uint32_t partition, uint32_t index, uint64_t gen);
 
   absl::Status PutOne(uint32_t ns, absl::string_view ns_name, absl::string_view key,
-                      const void* data, size_t size);
+                      absl::Span<const PutPart> parts);
   // A put in three steps: Reserve makes the unsealed entry and its block
   // (invisible to readers, dropped by recovery); the caller copies the
   // value into r.block; Seal publishes it (or Abandon undoes Reserve).
@@ -233,21 +253,28 @@ class Store {
                                    size_t size);
   absl::Status Seal(uint32_t ns, absl::string_view key, const Reserved& r, size_t size);
   void Abandon(const Reserved& r);
-  // Copies the value into dst, through `dev` when set (dst is GPU memory).
-  absl::StatusOr<size_t> GetOne(uint32_t ns, absl::string_view key, void* dst, size_t capacity,
-                                collectives::DeviceEngine* dev = nullptr);
+  // Copies the value into `parts`, through `dev` when set (they are GPU
+  // memory). `exact`: the value must fill the parts (else it must fit).
+  absl::StatusOr<size_t> GetOne(uint32_t ns, absl::string_view key, absl::Span<const GetPart> parts,
+                                bool exact, collectives::DeviceEngine* dev = nullptr);
 
   // GPU memory (docs/gpu.md, "KV blocks"): batches whose buffers are
   // device memory run here, their copies pipelined on the CUDA engine.
   // The memory kind of each pointer; empty when none is device memory.
   std::vector<collectives::MemoryKind> KindsOf(const void* const* ptrs, size_t n);
+  // The memory kind of each item (of its first part); empty when none is
+  // device memory. An item whose parts mix kinds gets `mixed` set.
+  template <typename Item>
+  std::vector<collectives::MemoryKind> ItemKinds(absl::Span<const Item> items,
+                                                 std::vector<bool>* mixed);
   absl::StatusOr<collectives::DeviceEngine*> Device();  // REQUIRES: device_mu_
   std::vector<absl::Status> DeviceBatchPut(uint32_t ns, absl::string_view ns_name,
                                            absl::Span<const PutItem> items,
-                                           const std::vector<collectives::MemoryKind>& kinds);
+                                           const std::vector<collectives::MemoryKind>& kinds,
+                                           const std::vector<bool>& mixed);
   std::vector<absl::StatusOr<size_t>> DeviceBatchGet(
       uint32_t ns, absl::Span<const GetItem> items,
-      const std::vector<collectives::MemoryKind>& kinds);
+      const std::vector<collectives::MemoryKind>& kinds, const std::vector<bool>& mixed);
   // A hit of (partition, index, gen): counted, and touched when it is ours.
   void CountHit(uint32_t ns, uint32_t partition, uint32_t index, uint64_t gen);
   void Count(std::atomic<uint64_t>* counter, uint32_t ns);

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -422,7 +423,35 @@ std::vector<Item> PtrItems(const std::vector<std::string>& keys, const std::vect
   }
   std::vector<Item> items(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
-    items[i] = {keys[i], reinterpret_cast<Ptr>(ptrs[i]), sizes[i]};
+    items[i] = {keys[i], reinterpret_cast<Ptr>(ptrs[i]), sizes[i], {}};
+  }
+  return items;
+}
+
+// Paged items (a paged KV cache): item i's value is, for each segment
+// (ptr, block_stride, nbytes) in order, the nbytes at ptr + blocks[i] *
+// block_stride. `parts` keeps the items' parts alive for the call.
+template <typename Item, typename Part, typename Ptr>
+std::vector<Item> PagedItems(const std::vector<std::string>& keys,
+                             const std::vector<uint64_t>& blocks,
+                             const std::vector<std::tuple<uintptr_t, uint64_t, size_t>>& segments,
+                             std::vector<Part>* parts) {
+  if (keys.size() != blocks.size()) {
+    throw StatusError{absl::InvalidArgumentError(absl::StrCat(
+        "keys and blocks differ in length (", keys.size(), " and ", blocks.size(), ")"))};
+  }
+  if (segments.empty()) {
+    throw StatusError{absl::InvalidArgumentError("a paged value needs at least one segment")};
+  }
+  const size_t per = segments.size();
+  parts->resize(keys.size() * per);
+  std::vector<Item> items(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    for (size_t j = 0; j < per; ++j) {
+      const auto& [ptr, stride, nbytes] = segments[j];
+      (*parts)[i * per + j] = {reinterpret_cast<Ptr>(ptr + blocks[i] * stride), nbytes};
+    }
+    items[i] = {keys[i], nullptr, 0, absl::MakeConstSpan(parts->data() + i * per, per)};
   }
   return items;
 }
@@ -718,7 +747,7 @@ PYBIND11_MODULE(_cxlrt, m) {
                 py::reinterpret_steal<py::sequence>(PySequence_Fast(values.ptr(), "values")),
                 false);
             std::vector<kv::PutItem> items(a.size());
-            for (size_t i = 0; i < a.size(); ++i) items[i] = {a.key(i), a.data(i), a.bytes(i)};
+            for (size_t i = 0; i < a.size(); ++i) items[i] = {a.key(i), a.data(i), a.bytes(i), {}};
             return RunBatchPut(st.s(), ns, items);
           },
           py::arg("ns"), py::arg("keys"), py::arg("values"))
@@ -729,7 +758,7 @@ PYBIND11_MODULE(_cxlrt, m) {
                         py::reinterpret_steal<py::sequence>(PySequence_Fast(outs.ptr(), "outs")),
                         true);
             std::vector<kv::GetItem> items(a.size());
-            for (size_t i = 0; i < a.size(); ++i) items[i] = {a.key(i), a.data(i), a.bytes(i)};
+            for (size_t i = 0; i < a.size(); ++i) items[i] = {a.key(i), a.data(i), a.bytes(i), {}};
             return RunBatchGet(st.s(), ns, items);
           },
           py::arg("ns"), py::arg("keys"), py::arg("outs"))
@@ -752,6 +781,34 @@ PYBIND11_MODULE(_cxlrt, m) {
             return RunBatchGet(st.s(), ns, PtrItems<kv::GetItem, void*>(k, ptrs, sizes));
           },
           py::arg("ns"), py::arg("keys"), py::arg("ptrs"), py::arg("sizes"))
+      // Paged KV caches (vLLM's, one tensor per layer): block i's value is
+      // gathered from (or scattered to) every segment's page of that block,
+      // copied straight between the cache and the pool. The caller
+      // guarantees the pages stay valid for the call.
+      .def(
+          "batch_put_paged",
+          [](PyStore& st, const std::string& ns, const std::vector<py::bytes>& keys,
+             const std::vector<uint64_t>& blocks,
+             const std::vector<std::tuple<uintptr_t, uint64_t, size_t>>& segments) {
+            const std::vector<std::string> k(keys.begin(), keys.end());
+            std::vector<kv::PutPart> parts;
+            return RunBatchPut(
+                st.s(), ns,
+                PagedItems<kv::PutItem, kv::PutPart, const void*>(k, blocks, segments, &parts));
+          },
+          py::arg("ns"), py::arg("keys"), py::arg("blocks"), py::arg("segments"))
+      .def(
+          "batch_get_paged",
+          [](PyStore& st, const std::string& ns, const std::vector<py::bytes>& keys,
+             const std::vector<uint64_t>& blocks,
+             const std::vector<std::tuple<uintptr_t, uint64_t, size_t>>& segments) {
+            const std::vector<std::string> k(keys.begin(), keys.end());
+            std::vector<kv::GetPart> parts;
+            return RunBatchGet(
+                st.s(), ns,
+                PagedItems<kv::GetItem, kv::GetPart, void*>(k, blocks, segments, &parts));
+          },
+          py::arg("ns"), py::arg("keys"), py::arg("blocks"), py::arg("segments"))
       .def(
           "lookup",
           [](std::shared_ptr<PyStore> st, const std::string& ns,
@@ -818,13 +875,13 @@ PYBIND11_MODULE(_cxlrt, m) {
                 if (put) {
                   std::vector<kv::PutItem> items(batch.size());
                   for (size_t i = 0; i < batch.size(); ++i) {
-                    items[i] = {batch[i], spans[i].p, spans[i].bytes};
+                    items[i] = {batch[i], spans[i].p, spans[i].bytes, {}};
                   }
                   for (const absl::Status& r : s.BatchPut(ns, items)) failed += !r.ok();
                 } else {
                   std::vector<kv::GetItem> items(batch.size());
                   for (size_t i = 0; i < batch.size(); ++i) {
-                    items[i] = {batch[i], spans[i].p, spans[i].bytes};
+                    items[i] = {batch[i], spans[i].p, spans[i].bytes, {}};
                   }
                   for (const auto& r : s.BatchGet(ns, items)) failed += !r.ok();
                 }

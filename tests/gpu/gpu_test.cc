@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "collectives/communicator.h"
 #include "collectives/device.h"
@@ -412,7 +413,7 @@ TEST_P(GpuTest, KvBlocksPutFromDeviceMemoryAreGotIntoDeviceMemoryByAnotherHost) 
       if (!collectives::DeviceCopy(d, image.data(), total).ok()) return "copy in";
       std::vector<kv::PutItem> items;
       for (size_t i = 0, at = 0; i < keys.size(); at += sizes[i % sizes.size()], ++i) {
-        items.push_back({keys[i], d + at, sizes[i % sizes.size()]});
+        items.push_back({keys[i], d + at, sizes[i % sizes.size()], {}});
       }
       for (const absl::Status& s : (*store)->BatchPut("gpu", items)) {
         if (!s.ok()) return "BatchPut: " + s.ToString();
@@ -427,9 +428,9 @@ TEST_P(GpuTest, KvBlocksPutFromDeviceMemoryAreGotIntoDeviceMemoryByAnotherHost) 
       if (!collectives::DeviceCopy(d, zero.data(), total).ok()) return "zero";
       std::vector<kv::GetItem> items;
       for (size_t i = 0, at = 0; i < keys.size(); at += sizes[i % sizes.size()], ++i) {
-        items.push_back({keys[i], d + at, sizes[i % sizes.size()]});
+        items.push_back({keys[i], d + at, sizes[i % sizes.size()], {}});
       }
-      items.push_back({"missing", d, sizes[0]});
+      items.push_back({"missing", d, sizes[0], {}});
       auto got = (*store)->BatchGet("gpu", items);
       for (size_t i = 0; i < keys.size(); ++i) {
         if (!got[i].ok())
@@ -446,6 +447,89 @@ TEST_P(GpuTest, KvBlocksPutFromDeviceMemoryAreGotIntoDeviceMemoryByAnotherHost) 
       auto small = (*store)->Get("gpu", keys[4], d, 100);
       if (small.status().code() != absl::StatusCode::kInvalidArgument) {
         return "small destination: " + small.status().ToString();
+      }
+    }
+    collectives::DeviceFree(d);
+    return comm.Barrier().ToString() == "OK" ? "" : "final barrier";
+  });
+}
+
+// A paged KV cache in GPU memory (vLLM's layout: per layer, K pages then V
+// pages): each block is one value of every layer's pages, gathered by the
+// copy engine straight into the pool and scattered into another rank's
+// cache at other block ids. Parts in both kinds of memory are refused.
+TEST_P(GpuTest, PagedKvBlocksInDeviceMemoryAreGatheredAndScattered) {
+  SKIP_WITHOUT_GPU();
+  RunRanks(2, [](int r, Communicator& comm, allocator::Allocator& alloc) -> std::string {
+    auto store = kv::Store::Open(alloc, {.create = true});
+    if (!store.ok()) return store.status().ToString();
+    constexpr size_t kLayers = 3, kBlocks = 24, kPage = 32 << 10, kStored = 10;
+    const size_t total = kLayers * 2 * kBlocks * kPage;  // [layer][k/v][block][page]
+    std::vector<uint8_t> image(total);
+    for (size_t i = 0; i < total / 4; ++i) {
+      const uint32_t w = collectives::PatternWord(11, i);
+      std::memcpy(image.data() + 4 * i, &w, 4);
+    }
+    auto dev = collectives::DeviceAlloc(total);
+    if (!dev.ok()) return dev.status().ToString();
+    auto* d = static_cast<uint8_t*>(*dev);
+    auto page = [&](uint8_t* base, size_t layer, size_t kv, size_t block) {
+      return base + ((layer * 2 + kv) * kBlocks + block) * kPage;
+    };
+    std::vector<std::string> keys;
+    for (size_t b = 0; b < kStored; ++b) keys.push_back(absl::StrCat("block-", b));
+    if (r == 0) {
+      if (!collectives::DeviceCopy(d, image.data(), total).ok()) return "copy in";
+      std::vector<std::vector<kv::PutPart>> parts(kStored);
+      std::vector<kv::PutItem> items;
+      for (size_t b = 0; b < kStored; ++b) {
+        for (size_t l = 0; l < kLayers; ++l) {
+          for (size_t kv = 0; kv < 2; ++kv) parts[b].push_back({page(d, l, kv, b), kPage});
+        }
+        items.push_back({keys[b], nullptr, 0, parts[b]});
+      }
+      for (const absl::Status& s : (*store)->BatchPut("paged", items)) {
+        if (!s.ok()) return "BatchPut: " + s.ToString();
+      }
+      std::vector<uint8_t> host(kPage);
+      std::vector<kv::PutPart> mixed = {{d, kPage}, {host.data(), kPage}};
+      std::vector<kv::PutItem> bad = {{"mixed", nullptr, 0, mixed}};
+      absl::Status st = (*store)->BatchPut("paged", bad)[0];
+      if (st.code() != absl::StatusCode::kInvalidArgument ||
+          !absl::StrContains(st.message(), "both GPU and host memory")) {
+        return "mixed parts: " + st.ToString();
+      }
+    }
+    if (absl::Status s = comm.Barrier(); !s.ok()) return s.ToString();
+    if (r == 1) {
+      std::vector<uint8_t> zero(total, 0);
+      if (!collectives::DeviceCopy(d, zero.data(), total).ok()) return "zero";
+      // Block b goes to block b + 7 here (another server's allocation).
+      std::vector<std::vector<kv::GetPart>> parts(kStored);
+      std::vector<kv::GetItem> items;
+      for (size_t b = 0; b < kStored; ++b) {
+        for (size_t l = 0; l < kLayers; ++l) {
+          for (size_t kv = 0; kv < 2; ++kv) parts[b].push_back({page(d, l, kv, b + 7), kPage});
+        }
+        items.push_back({keys[b], nullptr, 0, parts[b]});
+      }
+      auto got = (*store)->BatchGet("paged", items);
+      for (size_t b = 0; b < kStored; ++b) {
+        if (!got[b].ok())
+          return absl::StrCat("BatchGet ", keys[b], ": ", got[b].status().ToString());
+      }
+      std::vector<uint8_t> back(total);
+      if (!collectives::DeviceCopy(back.data(), d, total).ok()) return "copy out";
+      for (size_t l = 0; l < kLayers; ++l) {
+        for (size_t kv = 0; kv < 2; ++kv) {
+          for (size_t b = 0; b < kBlocks; ++b) {
+            const bool loaded = b >= 7 && b < 7 + kStored;
+            const uint8_t* want = loaded ? page(image.data(), l, kv, b - 7) : zero.data();
+            if (std::memcmp(page(back.data(), l, kv, b), want, kPage) != 0) {
+              return absl::StrCat("layer ", l, " ", kv ? "V" : "K", " block ", b, " differs");
+            }
+          }
+        }
       }
     }
     collectives::DeviceFree(d);

@@ -173,7 +173,7 @@ TEST_P(StoreTest, BatchesOfLargeValuesArePutAndGotOnSeveralThreadsExactly) {
   values.push_back(Value("x", 10));
   std::vector<PutItem> puts;
   for (size_t i = 0; i < keys.size(); ++i)
-    puts.push_back({keys[i], values[i].data(), values[i].size()});
+    puts.push_back({keys[i], values[i].data(), values[i].size(), {}});
   auto put = a_.store->BatchPut("batch", puts);
   ASSERT_EQ(put.size(), keys.size());
   int exists = 0;
@@ -183,8 +183,8 @@ TEST_P(StoreTest, BatchesOfLargeValuesArePutAndGotOnSeveralThreadsExactly) {
   EXPECT_EQ(put[25].code(), absl::StatusCode::kInvalidArgument);
   std::vector<std::vector<uint8_t>> got(24, std::vector<uint8_t>(kSize));
   std::vector<GetItem> gets;
-  for (size_t i = 0; i < 24; ++i) gets.push_back({keys[i], got[i].data(), got[i].size()});
-  gets.push_back({"missing", got[0].data(), 0});
+  for (size_t i = 0; i < 24; ++i) gets.push_back({keys[i], got[i].data(), got[i].size(), {}});
+  gets.push_back({"missing", got[0].data(), 0, {}});
   auto res = b_.store->BatchGet("batch", gets);
   ASSERT_EQ(res.size(), 25u);
   for (size_t i = 0; i < 24; ++i) {
@@ -196,6 +196,54 @@ TEST_P(StoreTest, BatchesOfLargeValuesArePutAndGotOnSeveralThreadsExactly) {
     }
   }
   EXPECT_EQ(res[24].status().code(), absl::StatusCode::kNotFound);
+  ExpectAuditClean(*a_.pool);
+}
+
+// A value in parts (a paged KV block: the K and V pages of every layer,
+// each in its own buffer) goes in and out without staging: read whole, it
+// is the parts in order; read into parts, each gets its own bytes back.
+TEST_P(StoreTest, ValuesInPartsAreGatheredAndScattered) {
+  const std::vector<size_t> sizes = {4096, 100, 65536, 1};
+  std::vector<std::vector<uint8_t>> pages;
+  std::vector<PutPart> parts;
+  std::vector<uint8_t> whole;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    pages.push_back(Value(absl::StrCat("page-", i), sizes[i]));
+    parts.push_back({pages.back().data(), sizes[i]});
+    whole.insert(whole.end(), pages.back().begin(), pages.back().end());
+  }
+  std::vector<PutItem> puts = {{"block-0", nullptr, 0, parts}};
+  auto put = a_.store->BatchPut("paged", puts);
+  CXLRT_ASSERT_OK(put[0]);
+  ExpectGet(b_, "paged", "block-0", whole);
+
+  std::vector<std::vector<uint8_t>> got;
+  std::vector<GetPart> out;
+  for (size_t n : sizes) got.emplace_back(n, 0);
+  for (auto& g : got) out.push_back({g.data(), g.size()});
+  std::vector<GetItem> gets = {{"block-0", nullptr, 0, out}};
+  auto res = b_.store->BatchGet("paged", gets);
+  ASSERT_TRUE(res[0].ok()) << res[0].status();
+  EXPECT_EQ(*res[0], whole.size());
+  for (size_t i = 0; i < sizes.size(); ++i) EXPECT_EQ(got[i], pages[i]) << "part " << i;
+
+  // Parts of another layout: refused, saying the sizes, and nothing copied
+  // (a block read into the wrong layout would be wrong bytes).
+  std::vector<uint8_t> small(sizes[0] + sizes[1], 0xee), rest(sizes[2], 0xee);
+  std::vector<GetPart> wrong = {{small.data(), small.size()}, {rest.data(), rest.size()}};
+  gets = {{"block-0", nullptr, 0, wrong}};
+  res = b_.store->BatchGet("paged", gets);
+  CXLRT_EXPECT_ERROR(res[0], absl::StatusCode::kInvalidArgument, "its 2 parts hold");
+  EXPECT_EQ(small, std::vector<uint8_t>(small.size(), 0xee));
+  // A buffer and parts at once is a caller's mistake, for puts and gets.
+  puts = {{"block-1", whole.data(), whole.size(), parts}};
+  put = a_.store->BatchPut("paged", puts);
+  CXLRT_EXPECT_ERROR(put[0], absl::StatusCode::kInvalidArgument, "both a buffer and 4 parts");
+  gets = {{"block-0", whole.data(), whole.size(), out}};
+  res = b_.store->BatchGet("paged", gets);
+  CXLRT_EXPECT_ERROR(res[0], absl::StatusCode::kInvalidArgument, "both a buffer and 4 parts");
+  CXLRT_EXPECT_ERROR(b_.store->Get("paged", "block-1", whole.data(), whole.size()),
+                     absl::StatusCode::kNotFound, "not in the store");
   ExpectAuditClean(*a_.pool);
 }
 
