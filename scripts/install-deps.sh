@@ -84,3 +84,20 @@ if ! "$VENV/bin/python" -c 'import sglang.srt.mem_cache.storage.backend_factory'
   "$VENV/bin/pip" install -q --disable-pip-version-check orjson pybase64 starlette msgspec \
     pydantic pyzmq tqdm ipython aiohttp
 fi
+# vLLM, for its KV connector's tests through its own v1 Scheduler and
+# connector factory (CPU device config, no model weights): without its
+# dependencies (its GPU kernels, and a torch pin of its own; the scheduler
+# and connector code run on the torch above), plus the pure-Python ones its
+# scheduler and config modules import, at vLLM's own version bounds.
+VLLM_VERSION=0.33.0
+if [[ "$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm"))' \
+        2>/dev/null)" != "$VLLM_VERSION" ]]; then
+  echo "install-deps: installing vllm $VLLM_VERSION into $VENV (PyPI, without its dependencies)"
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps "vllm==$VLLM_VERSION"
+fi
+if ! "$VENV/bin/python" -c 'import vllm.v1.core.sched.scheduler, vllm.model_executor.models.llama' \
+    2>/dev/null; then
+  "$VENV/bin/pip" install -q --disable-pip-version-check regex cbor2 "transformers==5.19.0" \
+    openai-harmony openai cloudpickle uvloop "xgrammar==0.2.8" "fastapi>=0.133,<0.137" \
+    partial-json-parser "llguidance>=1.7,<1.8" einops
+fi

@@ -359,6 +359,22 @@ class Store:
         """One entry per item: the value's size, or the Error of that item."""
         return self._s.batch_get_into(ns, keys, _buffers(outs))
 
+    def batch_put_paged(self, ns: str, keys: Sequence, blocks: Sequence[int],
+                        segments: Sequence[tuple[int, int, int]]) -> list:
+        """Paged caches (a KV cache, one tensor per layer): key i's value is,
+        for each segment (address, block stride, bytes) in order, the bytes
+        at address + blocks[i] * stride, copied straight into the pool (host
+        or GPU memory). The caller keeps that memory valid for the call. One
+        entry per item: None, or the Error of that item."""
+        return self._s.batch_put_paged(ns, [_key(k) for k in keys], blocks, segments)
+
+    def batch_get_paged(self, ns: str, keys: Sequence, blocks: Sequence[int],
+                        segments: Sequence[tuple[int, int, int]]) -> list:
+        """Scatters each value back into its block's pages; the segments must
+        add up to the value's size (else that item is an InvalidArgumentError
+        and nothing of it is copied). One entry per item: the size, or the Error."""
+        return self._s.batch_get_paged(ns, [_key(k) for k in keys], blocks, segments)
+
     @contextmanager
     def lookup(self, ns: str, chain: Sequence) -> Iterator[Pins]:
         """Pins the longest present prefix of ``chain``; ``pins.length`` keys.

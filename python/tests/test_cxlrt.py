@@ -324,3 +324,32 @@ def test_batches_take_str_keys_and_refuse_bad_buffers(uri):
         with pytest.raises(cxlrt.InvalidArgumentError):
             store.batch_put("ns", [3], [b"1"])
         store.close()
+
+
+def test_paged_blocks_gather_every_layers_pages_and_scatter_them_elsewhere(uri):
+    # Two layers of a paged cache, [2 (K, V), 8 blocks, 64 bytes] each.
+    layers = [np.random.default_rng(i).integers(0, 255, (2, 8, 64), dtype=np.uint8)
+              for i in range(2)]
+    def segments(caches):
+        return [(c[kv].ctypes.data, c.strides[1], c[kv, 0].nbytes)
+                for c in caches for kv in (0, 1)]
+    with cxlrt.Host(uri) as host:
+        store = host.store(create=True)
+        assert store.batch_put_paged("paged", ["b0", "b1"], [3, 5], segments(layers)) == [None, None]
+        assert store.get("paged", "b0") == b"".join(
+            layers[l][kv, 3].tobytes() for l in (0, 1) for kv in (0, 1))
+        other = [np.zeros_like(c) for c in layers]
+        assert store.batch_get_paged("paged", ["b0", "b1"], [0, 7], segments(other)) == [256, 256]
+        for l in (0, 1):
+            assert np.array_equal(other[l][:, 0], layers[l][:, 3])
+            assert np.array_equal(other[l][:, 7], layers[l][:, 5])
+            assert not other[l][:, 1:7].any()
+        # Another layout (one layer only): refused, and nothing copied.
+        res = store.batch_get_paged("paged", ["b0"], [2], segments(other[:1]))
+        assert isinstance(res[0], cxlrt.InvalidArgumentError) and "parts hold" in str(res[0])
+        assert not other[0][:, 2].any()
+        with pytest.raises(cxlrt.InvalidArgumentError, match="differ in length"):
+            store.batch_put_paged("paged", ["x"], [1, 2], segments(layers))
+        with pytest.raises(cxlrt.InvalidArgumentError, match="at least one segment"):
+            store.batch_put_paged("paged", ["x"], [1], [])
+        store.close()

@@ -1,0 +1,337 @@
+"""vLLM KV connector (v1) over the cxlrt KV store: a rack-wide prefix cache.
+
+Load it with vLLM's own connector loading:
+
+    --kv-transfer-config '{"kv_connector": "CxlrtConnector",
+        "kv_connector_module_path": "cxlrt.connectors.vllm", "kv_role": "kv_both",
+        "kv_connector_extra_config": {"pool": "dax:///dev/dax0.0"}}'
+
+Every full block of a request's tokens is one value in the store, under a
+key that names its whole prefix: a chained hash of the tokens up to and
+including the block (seeded with the request's cache salt, LoRA and
+multimodal inputs), so any server that computed the same prefix finds it.
+A value holds the block's pages of every layer (K and V), gathered from
+the paged KV cache and scattered back into it by one store call per step
+(`batch_put_paged` / `batch_get_paged`): no staging copy, one key per
+block rather than one per layer.
+
+- Scheduler side: `get_num_new_matched_tokens` looks up the longest
+  stored prefix, pinning it (in every tensor-parallel shard's namespace) so
+  it cannot be evicted before it is loaded; `build_connector_meta` tells
+  the workers which blocks to load and which newly full blocks to store.
+- Worker side: `start_load_kv` loads before the forward pass; blocks that
+  fail to load are reported by `get_block_ids_with_load_errors` (vLLM then
+  recomputes them); `wait_for_save` stores after it. Loads and saves are
+  synchronous (the pool is memory: a block of every layer moves at copy
+  speed), so no request's blocks are held past its step.
+
+Namespaces: one per model, KV dtype, block geometry and tensor-parallel
+shard (`extra_config["namespace"]` overrides the model part). Servers
+sharing a namespace must lay pages out alike (the same attention
+backend); a value of another size is never loaded (a load error, not
+wrong bytes). The pool: `extra_config["pool"]`, else CXLRT_POOL; the store
+is made when the pool has none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional
+
+import numpy as np
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+import cxlrt
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Transfer:
+    """Blocks of one request to move: keys[i] <-> KV cache block block_ids[i]."""
+
+    req_id: str
+    keys: list[bytes]
+    block_ids: list[int]
+
+
+@dataclass
+class CxlrtConnectorMetadata(KVConnectorMetadata):
+    loads: list[Transfer] = field(default_factory=list)
+    saves: list[Transfer] = field(default_factory=list)
+
+
+@dataclass
+class _Request:
+    """Scheduler-side state of one request."""
+
+    seed: bytes
+    keys: list[bytes] = field(default_factory=list)  # of its full blocks so far
+    stored: int = 0  # leading blocks known to be in the store
+    pins: list = field(default_factory=list)
+    load: Optional[tuple[int, int]] = None  # blocks [first, end) to load
+    block_ids: list[int] = field(default_factory=list)  # its KV cache blocks
+
+
+def _seed(request: "Request") -> bytes:
+    """What besides the tokens decides a block's KV: salt, LoRA, images."""
+    h = hashlib.blake2b(b"cxlrt-vllm-v1", digest_size=32)
+    if request.cache_salt:
+        h.update(b"salt:" + request.cache_salt.encode())
+    if request.lora_request is not None:
+        h.update(b"lora:" + request.lora_request.lora_name.encode())
+    for f in request.mm_features or ():  # each input and where it sits
+        where = getattr(getattr(f, "mm_position", None), "offset", "")
+        h.update(f"mm:{f.identifier}@{where}".encode())
+    return h.digest()
+
+
+class CxlrtConnector(KVConnectorBase_V1):
+    _cache_hit_source = CacheHitSource.HOST
+
+    def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
+                 kv_cache_config: "KVCacheConfig"):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = self._kv_transfer_config.kv_connector_extra_config or {}
+        uri = extra.get("pool") or os.environ.get("CXLRT_POOL")
+        if not uri:
+            raise ValueError("cxlrt vLLM connector: set kv_connector_extra_config['pool'] "
+                             "or CXLRT_POOL")
+        self._block_size = vllm_config.cache_config.block_size
+        parallel = vllm_config.parallel_config
+        self._tp_size = parallel.tensor_parallel_size
+        self._pp_size = parallel.pipeline_parallel_size
+        spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
+        model = extra.get("namespace") or vllm_config.model_config.model
+        self._ns_base = (f"vllm/{model}/{str(spec.dtype).removeprefix('torch.')}"
+                         f"/b{spec.block_size}h{getattr(spec, 'num_kv_heads', 1)}"
+                         f"d{getattr(spec, 'head_size', 0)}").replace("//", "/")
+        self._mla = bool(getattr(vllm_config.model_config, "use_mla", False))
+        self.host = cxlrt.Host(uri, create=True)
+        self.store = self.host.store(create=True)
+        # Scheduler side.
+        self._reqs: dict[str, _Request] = {}
+        # Worker side.
+        self._segments: list[tuple[int, int, int]] = []
+        self._num_blocks = 0
+        self._load_errors: set[int] = set()
+        self._device: Optional[torch.device] = None
+
+    # --- namespaces ---
+
+    def _namespace(self, tp_rank: int, pp_rank: int) -> str:
+        ns = self._ns_base
+        if not self._mla and self._tp_size > 1:  # each TP rank holds its own heads
+            ns += f"/tp{tp_rank}of{self._tp_size}"
+        if self._pp_size > 1:  # each stage holds its own layers
+            ns += f"/pp{pp_rank}of{self._pp_size}"
+        if len(ns) > 200:  # the store's namespace names are bounded
+            ns = "vllm/" + hashlib.sha256(ns.encode()).hexdigest()
+        return ns
+
+    def _all_namespaces(self) -> list[str]:
+        tps = [0] if self._mla else range(self._tp_size)
+        return [self._namespace(t, p) for t in tps for p in range(self._pp_size)]
+
+    def _worker_namespace(self) -> str:
+        tp_rank = pp_rank = 0
+        from vllm.distributed import parallel_state as ps
+        if ps.model_parallel_is_initialized():
+            tp_rank = ps.get_tensor_model_parallel_rank()
+            pp_rank = ps.get_pp_group().rank_in_group
+        return self._namespace(tp_rank, pp_rank)
+
+    # --- scheduler side ---
+
+    def _state(self, request: "Request") -> _Request:
+        st = self._reqs.get(request.request_id)
+        if st is None:
+            st = self._reqs[request.request_id] = _Request(seed=_seed(request))
+        tokens = request.all_token_ids
+        bs = self._block_size
+        while (len(st.keys) + 1) * bs <= len(tokens):
+            i = len(st.keys)
+            block = np.asarray(tokens[i * bs:(i + 1) * bs], dtype=np.int64).tobytes()
+            prev = st.keys[-1] if st.keys else st.seed
+            st.keys.append(hashlib.blake2b(prev + block, digest_size=32).digest())
+        return st
+
+    def _release(self, st: _Request) -> None:
+        for p in st.pins:
+            p.release()
+        st.pins = []
+
+    def get_num_new_matched_tokens(self, request: "Request",
+                                   num_computed_tokens: int) -> tuple[Optional[int], bool]:
+        st = self._state(request)
+        self._release(st)  # asked again (a retry, or resumed after preemption)
+        st.load = None
+        # At least one token must be left to compute.
+        most = min(len(st.keys), (request.num_tokens - 1) // self._block_size)
+        hit = most
+        for ns in self._all_namespaces():
+            if hit == 0:
+                break
+            pins = self.store._s.lookup(ns, st.keys[:hit])  # an unknown namespace: 0
+            st.pins.append(pins)
+            hit = min(hit, len(pins))
+        st.stored = max(st.stored, hit)
+        first = num_computed_tokens // self._block_size
+        if hit <= first:
+            self._release(st)
+            return 0, False
+        st.load = (first, hit)
+        return hit * self._block_size - num_computed_tokens, False
+
+    def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks",
+                                 num_external_tokens: int) -> None:
+        st = self._reqs.get(request.request_id)
+        if st is None:
+            return
+        if num_external_tokens == 0:
+            st.load = None
+            self._release(st)
+            return
+        first, _ = st.load
+        st.load = (first, first + num_external_tokens // self._block_size)
+
+    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
+        meta = CxlrtConnectorMetadata()
+        out = scheduler_output
+        # Each scheduled request's block ids and computed tokens: new ones
+        # carry all their blocks; running ones the blocks added this step
+        # (all of them when resumed after preemption).
+        scheduled: list[tuple[str, int]] = []
+        for new in out.scheduled_new_reqs:
+            if (st := self._reqs.get(new.req_id)) is not None:
+                st.block_ids = list(new.block_ids[0])
+                scheduled.append((new.req_id, new.num_computed_tokens))
+        cached = out.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            if (st := self._reqs.get(req_id)) is None:
+                continue
+            added = list(cached.new_block_ids[i][0]) if cached.new_block_ids[i] else []
+            st.block_ids = added if req_id in cached.resumed_req_ids else st.block_ids + added
+            scheduled.append((req_id, cached.num_computed_tokens[i]))
+
+        for req_id, computed in scheduled:
+            st = self._reqs[req_id]
+            ids = st.block_ids
+            if st.load is not None:
+                first, end = st.load
+                meta.loads.append(Transfer(req_id, st.keys[first:end], ids[first:end]))
+                st.stored = max(st.stored, end)
+                st.load = None
+            # The blocks this step fills: stored unless they are already.
+            computed += out.num_scheduled_tokens.get(req_id, 0)
+            full = min(computed // self._block_size, len(st.keys), len(ids))
+            if full > st.stored:
+                meta.saves.append(Transfer(req_id, st.keys[st.stored:full], ids[st.stored:full]))
+                st.stored = full
+        return meta
+
+    def request_finished(self, request: "Request",
+                         block_ids: list[int]) -> tuple[bool, Optional[dict[str, Any]]]:
+        st = self._reqs.pop(request.request_id, None)
+        if st is not None:
+            self._release(st)
+        return False, None
+
+    # --- worker side ---
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """Finds each layer's block dimension and, per block, the pages to
+        move: one segment (address, block stride, bytes) per page."""
+        num_blocks = self._kv_cache_config.num_blocks
+        segments, seen = [], set()
+        for name in sorted(kv_caches):
+            t = kv_caches[name]
+            if (t.data_ptr(), tuple(t.shape)) in seen:  # a layer sharing another's cache
+                continue
+            seen.add((t.data_ptr(), tuple(t.shape)))
+            dims = [d for d in range(min(2, t.dim())) if t.shape[d] == num_blocks]
+            if not dims:
+                raise ValueError(f"cxlrt vLLM connector: layer {name}'s KV cache {tuple(t.shape)} "
+                                 f"has no dimension of {num_blocks} blocks in front")
+            d = dims[0]
+            esize = t.element_size()
+            for idx in itertools.product(*(range(t.shape[k]) for k in range(d))):
+                sub = t[idx] if idx else t
+                page = sub[0]
+                if not page.is_contiguous():
+                    raise ValueError(f"cxlrt vLLM connector: layer {name}'s pages "
+                                     f"{tuple(page.shape)} are not contiguous")
+                segments.append((sub.data_ptr(), sub.stride(0) * esize, page.numel() * esize))
+            self._device = t.device
+        self._segments = segments
+        self._num_blocks = num_blocks
+
+    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, CxlrtConnectorMetadata)
+        if not meta.loads:
+            return
+        keys = [k for t in meta.loads for k in t.keys]
+        ids = [b for t in meta.loads for b in t.block_ids]
+        res = self._transfer(self.store._s.batch_get_paged, keys, ids)
+        for key, block, r in zip(keys, ids, res):
+            if not isinstance(r, int):
+                logger.warning("cxlrt: block %d did not load (%s); vLLM recomputes it", block, r)
+                self._load_errors.add(block)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # start_load_kv loaded every layer
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any,
+                      **kwargs: Any) -> None:
+        return  # a block's value holds every layer: stored in wait_for_save
+
+    def wait_for_save(self) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, CxlrtConnectorMetadata)
+        if not meta.saves:
+            return
+        if self._device is not None and self._device.type == "cuda":
+            torch.cuda.current_stream(self._device).synchronize()  # the forward's writes
+        keys = [k for t in meta.saves for k in t.keys]
+        ids = [b for t in meta.saves for b in t.block_ids]
+        res = self._transfer(self.store._s.batch_put_paged, keys, ids)
+        for r in res:
+            if r is not None and not isinstance(r, cxlrt.AlreadyExistsError):
+                logger.warning("cxlrt: a block was not stored: %s", r)  # a later miss
+
+    def _transfer(self, call, keys: list[bytes], ids: list[int]) -> list:
+        if not self._segments:
+            raise RuntimeError("cxlrt vLLM connector: register_kv_caches was not called")
+        bad = [b for b in ids if not 0 <= b < self._num_blocks]
+        if bad:
+            raise ValueError(f"cxlrt vLLM connector: block ids {bad[:4]} outside the cache's "
+                             f"{self._num_blocks} blocks")
+        return call(self._worker_namespace(), keys, ids, self._segments)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def shutdown(self) -> None:
+        for st in self._reqs.values():
+            self._release(st)
+        self._reqs.clear()

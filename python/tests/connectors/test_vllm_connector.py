@@ -1,0 +1,299 @@
+"""The cxlrt vLLM KV connector, driven by vLLM's own v1 Scheduler (CPU
+device config, a tiny local model config, no weights) and loaded by vLLM's
+own connector factory through kv_connector_module_path, as a server loads
+it. The worker side runs in the same process as its scheduler, against
+paged KV caches shaped as vLLM's attention backends allocate them; the
+"forward pass" writes each computed token's KV as a function of its whole
+prefix, so a block loaded from the store can be checked exactly. vLLM's
+model runner needs a GPU (or vLLM's CPU build), so it is the one part not
+run here. Needs torch and vllm (the project's .venv)."""
+
+import json
+import multiprocessing as mp
+import os
+import uuid
+import zlib
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,  # noqa: E402
+                         SchedulerConfig, VllmConfig)
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole  # noqa: E402
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.utils.hashing import sha256  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,  # noqa: E402
+                                        KVCacheGroupSpec)
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+import cxlrt  # noqa: E402
+from cxlrt.connectors.vllm import CxlrtConnector  # noqa: E402
+
+BLOCK = 16
+BLOCKS = 64
+HEADS, HEAD_SIZE = 2, 64
+LAYERS = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("model")
+    (d / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
+        "intermediate_size": 256, "num_attention_heads": 2, "num_key_value_heads": HEADS,
+        "head_dim": HEAD_SIZE, "num_hidden_layers": len(LAYERS), "vocab_size": 1000,
+        "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "torch_dtype": "float16"}))
+    return str(d)
+
+
+@pytest.fixture
+def uri():
+    u = f"emu://vllm-{os.getpid()}-{uuid.uuid4().hex[:6]}?size=256M"
+    pool = cxlrt.Pool.create(u)
+    yield pool.uri
+    del pool
+    cxlrt.Pool.destroy(u, force=True)
+
+
+class Server:
+    """One vLLM server's scheduler and worker-side connector, with its own
+    paged KV caches (`layout`: "kv_first" [2, blocks, ...] as FlashAttention
+    allocates, or "blocks_first" [blocks, 2, ...] as FlashInfer does)."""
+
+    def __init__(self, model_dir, uri, layout="kv_first", layers=LAYERS, on_load_failure="fail"):
+        config = VllmConfig(
+            model_config=ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float16",
+                                     max_model_len=2048, seed=0),
+            cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True),
+            scheduler_config=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256,
+                                             max_model_len=2048, is_encoder_decoder=False),
+            device_config=DeviceConfig("cpu"),
+            kv_transfer_config=KVTransferConfig(
+                kv_connector="CxlrtConnector", kv_connector_module_path="cxlrt.connectors.vllm",
+                kv_role="kv_both", kv_connector_extra_config={"pool": uri},
+                kv_load_failure_policy=on_load_failure))
+        spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD_SIZE,
+                                 dtype=torch.float16)
+        kv_config = KVCacheConfig(num_blocks=BLOCKS, kv_cache_tensors=[],
+                                  kv_cache_groups=[KVCacheGroupSpec(list(LAYERS), spec)])
+        config.cache_config.num_gpu_blocks = BLOCKS
+        init_none_hash(sha256)
+        self.hasher = get_request_block_hasher(BLOCK, sha256)
+        self.scheduler = Scheduler(vllm_config=config, kv_cache_config=kv_config,
+                                   structured_output_manager=StructuredOutputManager(config),
+                                   block_size=BLOCK, log_stats=False)
+        assert isinstance(self.scheduler.connector, CxlrtConnector)
+        # The worker side, made by vLLM's factory as a worker makes it.
+        self.worker = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER,
+                                                          kv_config)
+        shape = ((2, BLOCKS, BLOCK, HEADS, HEAD_SIZE) if layout == "kv_first"
+                 else (BLOCKS, 2, BLOCK, HEADS, HEAD_SIZE))
+        self.layout = layout
+        self.kv = {name: torch.zeros(shape, dtype=torch.float16) for name in layers}
+        self.worker.register_kv_caches(self.kv)
+        self.requests = {}
+        self.first_computed = {}  # request -> tokens it started with (local + external)
+        self.load_errors = set()
+        self.blocks_of = {}  # request -> its KV cache blocks
+
+    def add(self, req_id, prompt, max_tokens=2, cache_salt=None):
+        self.requests[req_id] = Request(
+            req_id, list(prompt), SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+            None, cache_salt=cache_salt, block_hasher=self.hasher)
+        self.scheduler.add_request(self.requests[req_id])
+
+    def tokens(self, req_id):
+        return list(self.requests[req_id].all_token_ids)
+
+    def page(self, layer, block, kv):  # the [BLOCK, HEADS, HEAD_SIZE] page
+        t = self.kv[layer]
+        return t[kv, block] if self.layout == "kv_first" else t[block, kv]
+
+    def run(self):
+        """Steps until every request finished; the "forward" writes each
+        computed token's KV and samples token 7."""
+        for _ in range(200):
+            if not self.scheduler.has_unfinished_requests():
+                return
+            out = self.scheduler.schedule()
+            self.worker.bind_connector_metadata(out.kv_connector_metadata)
+            self.worker.start_load_kv(None)
+            for n in out.scheduled_new_reqs:
+                self.first_computed.setdefault(n.req_id, n.num_computed_tokens)
+            computed = {n.req_id: n.num_computed_tokens for n in out.scheduled_new_reqs}
+            c = out.scheduled_cached_reqs
+            for i, r in enumerate(c.req_ids):
+                computed[r] = c.num_computed_tokens[i]
+            for r, n in out.num_scheduled_tokens.items():
+                ids = self.blocks_of[r] = self.block_ids(r)
+                for p in range(computed[r], computed[r] + n):
+                    self.write(r, ids[p // BLOCK], p)
+            self.worker.wait_for_save()
+            errors = self.worker.get_block_ids_with_load_errors()
+            self.load_errors |= errors
+            self.worker.clear_connector_metadata()
+            reqs = list(out.num_scheduled_tokens)
+            sampled = []
+            for r in reqs:
+                done = computed[r] + out.num_scheduled_tokens[r] >= self.requests[r].num_tokens
+                sampled.append([7] if done else [])
+            self.scheduler.update_from_output(out, ModelRunnerOutput(
+                req_ids=reqs, req_id_to_index={r: i for i, r in enumerate(reqs)},
+                sampled_token_ids=sampled,
+                kv_connector_output=KVConnectorOutput(invalid_block_ids=errors)))
+        raise AssertionError("the requests did not finish in 200 steps")
+
+    def block_ids(self, req_id):
+        return self.scheduler.kv_cache_manager.get_blocks(req_id).get_block_ids()[0]
+
+    def write(self, req_id, block, pos):
+        for li, layer in enumerate(self.kv):
+            for kv in (0, 1):
+                self.page(layer, block, kv)[pos % BLOCK] = expected(self.tokens(req_id), pos,
+                                                                     li, kv)
+
+    def block_matches(self, req_id, index):
+        """Whether the request's index-th block holds its prefix's KV."""
+        block = self.blocks_of[req_id][index]  # as it ran (freed since, not reused)
+        return all(torch.equal(self.page(layer, block, kv)[p % BLOCK],
+                               expected(self.tokens(req_id), p, li, kv))
+                   for li, layer in enumerate(self.kv) for kv in (0, 1)
+                   for p in range(index * BLOCK, (index + 1) * BLOCK))
+
+
+def expected(tokens, pos, layer, kv):
+    """The KV of position pos: a function of the tokens up to it (exact in
+    fp16: integers below 2048)."""
+    seed = zlib.crc32(bytes(str(tokens[:pos + 1]), "ascii")) ^ (layer * 2 + kv)
+    base = torch.arange(HEADS * HEAD_SIZE, dtype=torch.int32).reshape(HEADS, HEAD_SIZE)
+    return ((base * 31 + seed) % 2048).to(torch.float16)
+
+
+def prompt(n, salt=0):
+    return [(i * 13 + salt) % 1000 for i in range(n)]
+
+
+def test_vllm_loads_it_through_kv_connector_module_path(model_dir, uri):
+    s = Server(model_dir, uri)
+    assert type(s.worker).__name__ == "CxlrtConnector"
+    assert s.worker.role == KVConnectorRole.WORKER
+
+
+def test_a_repeated_prompt_loads_its_prefix_from_the_store(model_dir, uri):
+    a = Server(model_dir, uri)
+    a.add("r1", prompt(100))
+    a.run()
+    # Six full blocks of the prompt are stored (the seventh is partial).
+    st = a.scheduler.connector.store.stats()
+    assert sum(n["entries"] for n in st["namespaces"].values()) == 6, st
+
+    b = Server(model_dir, uri)  # another server: nothing of its own cached
+    b.add("r2", prompt(100) + prompt(30, salt=5))
+    b.run()
+    assert b.first_computed["r2"] == 96
+    assert not b.load_errors
+    for i in range(6):
+        assert b.block_matches("r2", i), f"block {i}"
+
+
+def test_only_the_common_prefix_hits_and_a_different_salt_misses(model_dir, uri):
+    a = Server(model_dir, uri)
+    a.add("r1", prompt(80))
+    a.run()
+    b = Server(model_dir, uri)
+    # Diverges inside block 2: blocks 0 and 1 hit (a block's key names its
+    # whole prefix, so later blocks never do).
+    p = prompt(80)
+    p[40] = 999
+    b.add("r2", p)
+    b.run()
+    assert b.first_computed["r2"] == 32
+    assert b.block_matches("r2", 0) and b.block_matches("r2", 1)
+    c = Server(model_dir, uri)
+    c.add("r3", prompt(80), cache_salt="tenant-b")
+    c.run()
+    assert c.first_computed["r3"] == 0
+
+
+def test_a_prompt_that_is_all_cached_still_computes_its_last_token(model_dir, uri):
+    a = Server(model_dir, uri)
+    a.add("r1", prompt(64))
+    a.run()
+    b = Server(model_dir, uri)
+    b.add("r2", prompt(64))
+    b.run()
+    assert b.first_computed["r2"] == 48  # three of four blocks: the last token computes
+    assert all(b.block_matches("r2", i) for i in range(3))
+
+
+def test_layouts_of_the_same_bytes_share_blocks(model_dir, uri):
+    a = Server(model_dir, uri, layout="kv_first")
+    a.add("r1", prompt(50))
+    a.run()
+    b = Server(model_dir, uri, layout="blocks_first")
+    b.add("r2", prompt(50))
+    b.run()
+    assert b.first_computed["r2"] == 48
+    assert all(b.block_matches("r2", i) for i in range(3))
+
+
+def test_a_block_that_cannot_load_is_recomputed_or_fails_as_vllm_is_told(model_dir, uri):
+    a = Server(model_dir, uri)
+    a.add("r1", prompt(50))
+    a.run()
+    # A worker whose cache holds a third layer: the stored values are too
+    # small for its blocks, so loads fail (never partial or wrong bytes),
+    # and vLLM's own recovery takes over: kv_load_failure_policy
+    # "recompute" computes those blocks again ...
+    layers = LAYERS + ["model.layers.2.self_attn.attn"]
+    b = Server(model_dir, uri, layers=layers, on_load_failure="recompute")
+    b.add("r2", prompt(50))
+    b.run()
+    assert len(b.load_errors) == 3
+    assert all(b.block_matches("r2", i) for i in range(3))
+    assert b.tokens("r2") == prompt(50) + [7, 7]  # finished
+    # ... and "fail" (vLLM's default) ends the request with an error.
+    c = Server(model_dir, uri, layers=layers)
+    c.add("r3", prompt(50))
+    c.run()
+    assert len(c.load_errors) == 3
+    assert c.tokens("r3") == prompt(50)  # nothing sampled
+
+
+def _second_server(model_dir, uri, q):
+    try:
+        b = Server(model_dir, uri)
+        b.add("r2", prompt(70))
+        b.run()
+        q.put((b.first_computed["r2"], all(b.block_matches("r2", i) for i in range(4))))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        q.put(repr(e))
+
+
+def test_a_server_in_another_process_loads_what_this_one_stored(model_dir, uri):
+    a = Server(model_dir, uri)
+    a.add("r1", prompt(70))
+    a.run()
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_second_server, args=(model_dir, uri, q))
+    p.start()
+    got = q.get(timeout=300)
+    p.join(60)
+    assert got == (64, True), got
+
+
+def test_bad_caches_are_refused_saying_why(model_dir, uri):
+    s = Server(model_dir, uri)
+    with pytest.raises(ValueError, match="no dimension of 64 blocks"):
+        s.worker.register_kv_caches({"x": torch.zeros(3, 5, 16, dtype=torch.float16)})
+    with pytest.raises(ValueError, match="not contiguous"):
+        s.worker.register_kv_caches(
+            {"x": torch.zeros(BLOCKS, 16, 4, dtype=torch.float16).transpose(1, 2)})
