@@ -414,16 +414,28 @@ py::list RunBatchGet(kv::Store& s, const std::string& ns, const std::vector<kv::
   return out;
 }
 
-// Batch items from keys and raw (address, size) pairs.
-template <typename Item, typename Ptr>
+// Batch items from keys and raw (address, size) pairs: `per` consecutive
+// pairs per key (more than one: the value's parts, in order). `parts`
+// keeps the items' parts alive for the call.
+template <typename Item, typename Part, typename Ptr>
 std::vector<Item> PtrItems(const std::vector<std::string>& keys, const std::vector<uintptr_t>& ptrs,
-                           const std::vector<size_t>& sizes) {
-  if (keys.size() != ptrs.size() || keys.size() != sizes.size()) {
-    throw StatusError{absl::InvalidArgumentError("keys, ptrs and sizes differ in length")};
+                           const std::vector<size_t>& sizes, size_t per, std::vector<Part>* parts) {
+  if (per == 0 || ptrs.size() != sizes.size() || keys.size() * per != ptrs.size()) {
+    throw StatusError{absl::InvalidArgumentError(
+        absl::StrCat(keys.size(), " keys, ", ptrs.size(), " ptrs and ", sizes.size(),
+                     " sizes do not make ", per, " (address, size) pairs per key"))};
   }
   std::vector<Item> items(keys.size());
+  if (per == 1) {
+    for (size_t i = 0; i < keys.size(); ++i) {
+      items[i] = {keys[i], reinterpret_cast<Ptr>(ptrs[i]), sizes[i], {}};
+    }
+    return items;
+  }
+  parts->resize(ptrs.size());
+  for (size_t j = 0; j < ptrs.size(); ++j) (*parts)[j] = {reinterpret_cast<Ptr>(ptrs[j]), sizes[j]};
   for (size_t i = 0; i < keys.size(); ++i) {
-    items[i] = {keys[i], reinterpret_cast<Ptr>(ptrs[i]), sizes[i], {}};
+    items[i] = {keys[i], nullptr, 0, absl::MakeConstSpan(parts->data() + i * per, per)};
   }
   return items;
 }
@@ -768,19 +780,26 @@ PYBIND11_MODULE(_cxlrt, m) {
       .def(
           "batch_put_ptrs",
           [](PyStore& st, const std::string& ns, const std::vector<py::bytes>& keys,
-             const std::vector<uintptr_t>& ptrs, const std::vector<size_t>& sizes) {
+             const std::vector<uintptr_t>& ptrs, const std::vector<size_t>& sizes, size_t per) {
             const std::vector<std::string> k(keys.begin(), keys.end());
-            return RunBatchPut(st.s(), ns, PtrItems<kv::PutItem, const void*>(k, ptrs, sizes));
+            std::vector<kv::PutPart> parts;
+            return RunBatchPut(
+                st.s(), ns,
+                PtrItems<kv::PutItem, kv::PutPart, const void*>(k, ptrs, sizes, per, &parts));
           },
-          py::arg("ns"), py::arg("keys"), py::arg("ptrs"), py::arg("sizes"))
+          py::arg("ns"), py::arg("keys"), py::arg("ptrs"), py::arg("sizes"),
+          py::arg("parts_per_key") = 1)
       .def(
           "batch_get_ptrs",
           [](PyStore& st, const std::string& ns, const std::vector<py::bytes>& keys,
-             const std::vector<uintptr_t>& ptrs, const std::vector<size_t>& sizes) {
+             const std::vector<uintptr_t>& ptrs, const std::vector<size_t>& sizes, size_t per) {
             const std::vector<std::string> k(keys.begin(), keys.end());
-            return RunBatchGet(st.s(), ns, PtrItems<kv::GetItem, void*>(k, ptrs, sizes));
+            std::vector<kv::GetPart> parts;
+            return RunBatchGet(
+                st.s(), ns, PtrItems<kv::GetItem, kv::GetPart, void*>(k, ptrs, sizes, per, &parts));
           },
-          py::arg("ns"), py::arg("keys"), py::arg("ptrs"), py::arg("sizes"))
+          py::arg("ns"), py::arg("keys"), py::arg("ptrs"), py::arg("sizes"),
+          py::arg("parts_per_key") = 1)
       // Paged KV caches (vLLM's, one tensor per layer): block i's value is
       // gathered from (or scattered to) every segment's page of that block,
       // copied straight between the cache and the pool. The caller

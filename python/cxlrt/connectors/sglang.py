@@ -18,9 +18,9 @@ another rank or server already stored counts as stored.
 - v1 (zero copy, after `register_mem_pool_host`): `batch_get_v1` /
   `batch_set_v1` move each page between the host KV pool and the pool by
   the raw addresses SGLang's `get_page_buffer_meta` gives (one buffer per
-  page, or a k and a v buffer), with no staging copy. A page's buffers are
-  stored as `<hash>.0`, `<hash>.1`; a 1-byte marker under `<hash>` is
-  stored after them, so `exists` never reports a page half written.
+  page, or a k and a v buffer), with no staging copy. A page is one value
+  under `<hash>`, its buffers its parts: sealed whole, so `exists` never
+  reports a page half written.
 - v0: `get`/`set`/`batch_get`/`batch_set` of tensors, values under `<hash>`.
 - `batch_exists`: the longest prefix present (SGLang's contract).
 
@@ -45,8 +45,6 @@ from sglang.srt.mem_cache.hicache_storage import (
 import cxlrt
 
 logger = logging.getLogger(__name__)
-
-_MARKER = b"\x01"
 
 
 def _namespace(cfg: HiCacheStorageConfig) -> str:
@@ -84,38 +82,24 @@ class CxlrtHiCacheStorage(HiCacheStorage):
         ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
         if not keys or len(ptrs) % len(keys) or len(ptrs) != len(sizes):
             raise ValueError(f"{len(ptrs)} page buffers for {len(keys)} pages")
-        per = len(ptrs) // len(keys)
-        names = [f"{k}.{j}".encode() for k in keys for j in range(per)]
-        return per, names, [int(p) for p in ptrs], [int(s) for s in sizes]
+        return len(ptrs) // len(keys), [int(p) for p in ptrs], [int(s) for s in sizes]
 
     def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
         if not keys:
             return []
-        per, names, ptrs, sizes = self._page_buffers(keys, host_indices)
-        res = self.store._s.batch_put_ptrs(self.ns, names, ptrs, sizes)
-        ok = [all(r is None or isinstance(r, cxlrt.AlreadyExistsError)
-                  for r in res[i * per:(i + 1) * per]) for i in range(len(keys))]
-        done = [k.encode() for k, good in zip(keys, ok) if good]
-        marks = self.store.batch_put(self.ns, done, [_MARKER] * len(done))
-        it = iter(marks)
-        out = []
-        for good in ok:
-            if good:
-                m = next(it)
-                good = m is None or isinstance(m, cxlrt.AlreadyExistsError)
-            out.append(good)
-        return out
+        per, ptrs, sizes = self._page_buffers(keys, host_indices)
+        res = self.store._s.batch_put_ptrs(self.ns, [k.encode() for k in keys], ptrs, sizes, per)
+        return [r is None or isinstance(r, cxlrt.AlreadyExistsError) for r in res]
 
     def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
         if not keys:
             return []
-        per, names, ptrs, sizes = self._page_buffers(keys, host_indices)
-        res = self.store._s.batch_get_ptrs(self.ns, names, ptrs, sizes)
-        return [all(isinstance(r, int) and r == sizes[i * per + j]
-                    for j, r in enumerate(res[i * per:(i + 1) * per]))
-                for i in range(len(keys))]
+        per, ptrs, sizes = self._page_buffers(keys, host_indices)
+        res = self.store._s.batch_get_ptrs(self.ns, [k.encode() for k in keys], ptrs, sizes, per)
+        return [isinstance(r, int) and r == sum(sizes[i * per:(i + 1) * per])
+                for i, r in enumerate(res)]
 
     # --- tensors (v0) ---
 

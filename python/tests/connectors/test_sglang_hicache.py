@@ -48,6 +48,20 @@ class PageFirstHostPool:
         return ptrs, [self.kv_buffer.shape[1]] * len(ptrs)
 
 
+class SplitKVHostPool(PageFirstHostPool):
+    """An MHA host pool: a k and a v buffer per page, listed k, v page by
+    page, as SGLang's MHA pools give them."""
+
+    def __init__(self, pages, page_size, page_bytes):
+        self.page_size = page_size
+        self.kv_buffer = torch.zeros(2, pages, page_bytes, dtype=torch.uint8)
+
+    def get_page_buffer_meta(self, indices):
+        rows = (indices[:: self.page_size] // self.page_size).tolist()
+        ptrs = [self.kv_buffer[kv, r].data_ptr() for r in rows for kv in (0, 1)]
+        return ptrs, [self.kv_buffer.shape[2]] * len(ptrs)
+
+
 @pytest.fixture
 def uri():
     u = f"emu://sglang-{os.getpid()}-{uuid.uuid4().hex[:6]}?size=512M"
@@ -96,6 +110,31 @@ def test_zero_copy_pages_round_trip(uri):
     for i in range(5):
         assert (host.kv_buffer[10 + i] == 3 + i).all()
     assert b.batch_get_v1(["z-missing"], torch.arange(4)) == [False]
+
+
+def test_a_pages_k_and_v_buffers_are_one_value(uri):
+    b = make(uri)
+    host = SplitKVHostPool(pages=8, page_size=2, page_bytes=4096)
+    b.register_mem_pool_host(host)
+    for p in range(8):
+        host.kv_buffer[0, p] = p
+        host.kv_buffer[1, p] = 50 + p
+    keys = ["kv0", "kv1", "kv2"]
+    assert b.batch_set_v1(keys, torch.arange(2 * 1, 2 * 4)) == [True] * 3  # pages 1..3
+    # One value per page (k then v), sealed whole: exists sees all or nothing.
+    assert b.store.get(b.ns, "kv0") == bytes([1]) * 4096 + bytes([51]) * 4096
+    assert b.batch_exists(keys) == 3
+    host.kv_buffer.zero_()
+    assert b.batch_get_v1(keys, torch.arange(2 * 5, 2 * 8)) == [True] * 3  # into pages 5..7
+    for i in range(3):
+        assert (host.kv_buffer[0, 5 + i] == 1 + i).all()
+        assert (host.kv_buffer[1, 5 + i] == 51 + i).all()
+    assert not host.kv_buffer[:, :5].any()
+    # A host pool of another page size cannot take them: a miss, nothing copied.
+    small = SplitKVHostPool(pages=2, page_size=2, page_bytes=1024)
+    b.register_mem_pool_host(small)
+    assert b.batch_get_v1(["kv0"], torch.arange(2)) == [False]
+    assert not small.kv_buffer.any()
 
 
 def _writer(uri, q):
