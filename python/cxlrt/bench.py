@@ -5,6 +5,11 @@ BatchGet of 16 KiB - 2 MiB blocks through the Python API, beside the same
 batches looped in C++ inside the extension (same store, keys and buffers),
 on a fresh emulated pool; the overhead is the difference.
 
+python -m cxlrt.bench paged: what gathering a paged KV block costs. Blocks
+of a paged cache (per layer [K/V, blocks, page], as vLLM lays it out) put
+and got with batch_put_paged / batch_get_paged, one value per block of
+every layer's pages, beside values of the same size in one buffer each.
+
 python -m cxlrt.bench torch: the torch.distributed "cxlrt" backend's
 all_reduce busbw beside Gloo's, 2 ranks, 64 KiB - 64 MiB (needs torch).
 
@@ -100,6 +105,72 @@ def bench_kv(blocks, batch: int, reps: int, as_json: bool) -> int:
     return 0
 
 
+def bench_paged(layers: int, page: int, batch: int, reps: int, as_json: bool) -> int:
+    block = layers * 2 * page
+    nblocks = 2 * batch
+    uri = f"emu://pypaged-{os.getpid()}?size={max(1, 6 * batch * block >> 30) + 1}G"
+    pool = cxlrt.Pool.create(uri)
+    try:
+        with cxlrt.Host(pool) as host:
+            store = host.store(create=True, entries_per_host=16384)
+            memcpy = _memcpy_gbps()
+            cache = [np.random.default_rng(i).integers(0, 255, (2, nblocks, page), np.uint8)
+                     for i in range(layers)]
+            segments = [(c[kv].ctypes.data, c.strides[1], page) for c in cache for kv in (0, 1)]
+            flat = [np.full(block, i % 251, np.uint8) for i in range(batch)]
+            outs = [np.empty(block, np.uint8) for _ in range(batch)]
+            ids = list(range(batch))
+            result = {"layers": layers, "page": page, "block": block, "batch": batch}
+            # Touch the pool's pages first (a first touch faults: MACHINE-NOTES).
+            for _ in range(2):
+                warm = [f"warm{i}".encode() for i in range(batch)]
+                store.batch_put("warm", warm, flat)
+                for key in warm:
+                    store.delete("warm", key)
+            for path in ("paged", "contiguous"):
+                for op in ("put", "get"):
+                    samples = []
+                    for rep in range(reps):
+                        ns = f"{path}-{rep}"
+                        keys = [f"k{i}".encode() for i in range(batch)]
+                        if op == "get":  # the values first, then time the reads
+                            store.batch_put_paged(ns, keys, ids, segments)
+                        t0 = time.perf_counter()
+                        if path == "paged":
+                            r = (store.batch_put_paged(ns, keys, ids, segments) if op == "put"
+                                 else store.batch_get_paged(ns, keys, [b + batch for b in ids],
+                                                            segments))
+                        else:
+                            r = (store.batch_put(ns, keys, flat) if op == "put"
+                                 else store.batch_get_into(ns, keys, outs))
+                        t = time.perf_counter() - t0
+                        if any(isinstance(x, cxlrt.Error) for x in r):
+                            raise next(x for x in r if isinstance(x, cxlrt.Error))
+                        samples.append(batch * block / t / 1e9)
+                        for key in keys:
+                            store.delete(ns, key)
+                    result[f"{path}_{op}_gbps"] = statistics.median(samples)
+            for op in ("put", "get"):
+                result[f"{op}_ratio"] = result[f"paged_{op}_gbps"] / result[f"contiguous_{op}_gbps"]
+            result["memcpy_gbps"] = memcpy
+            store.close()
+    finally:
+        del pool
+        cxlrt.Pool.destroy(uri, force=True)
+    if as_json:
+        print(json.dumps(result))
+        return 0
+    r = result
+    print(f"# python -m cxlrt.bench paged: {batch} blocks of {layers} layers x K,V x "
+          f"{page} B pages ({block} B each), medians of {reps}; this machine's memcpy "
+          f"(numpy, 64 MiB): {r['memcpy_gbps']:.2f} GB/s")
+    print("%6s %12s %12s %8s" % ("op", "paged GB/s", "one buffer", "ratio"))
+    for op in ("put", "get"):
+        print("%6s %12.2f %12.2f %8.2f" % (op, r[f"paged_{op}_gbps"],
+                                           r[f"contiguous_{op}_gbps"], r[f"{op}_ratio"]))
+    return 0
+
+
 def _torch_rank(rank, world, sizes, iters, warmup, init, q):
     import torch
     import torch.distributed as dist
@@ -185,6 +256,12 @@ def main(argv=None) -> int:
     kv.add_argument("--batch", type=int, default=32)
     kv.add_argument("--reps", type=int, default=5)
     kv.add_argument("--json", action="store_true")
+    pg = sub.add_parser("paged", help="paged KV blocks (every layer's pages) beside one buffer")
+    pg.add_argument("--layers", type=int, default=32)
+    pg.add_argument("--page", default="32K", help="bytes of one layer's K (or V) page")
+    pg.add_argument("--batch", type=int, default=16)
+    pg.add_argument("--reps", type=int, default=5)
+    pg.add_argument("--json", action="store_true")
     tb = sub.add_parser("torch", help="torch.distributed all_reduce: cxlrt beside Gloo")
     tb.add_argument("-b", "--minbytes", default="64K")
     tb.add_argument("-e", "--maxbytes", default="64M")
@@ -194,6 +271,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.what == "torch":
         return bench_torch(_bytes(a.minbytes), _bytes(a.maxbytes), a.iters, a.warmup, a.json)
+    if a.what == "paged":
+        return bench_paged(a.layers, _bytes(a.page), a.batch, a.reps, a.json)
     blocks = [_bytes(b) for b in a.block.split(",")]
     return bench_kv(blocks, a.batch, a.reps, a.json)
 
