@@ -1,5 +1,6 @@
-"""torch.distributed backend "cxlrt": collectives of CPU tensors through the
-pool. Importing this module registers it:
+"""torch.distributed backend "cxlrt": collectives of CPU and CUDA tensors
+through the pool (a CUDA call is ordered on the caller's current stream, as
+NCCL's are). Importing this module registers it:
 
     import cxlrt.torch_backend  # noqa: F401
     torch.distributed.init_process_group("cxlrt")   # under torchrun
@@ -77,4 +78,4 @@ def _create(store, rank: int, size: int, timeout: timedelta):
     return _extension().create(store, rank, size, timeout, uri)
 
 
-dist.Backend.register_backend("cxlrt", _create, devices=["cpu"])
+dist.Backend.register_backend("cxlrt", _create, devices=["cpu", "cuda"])

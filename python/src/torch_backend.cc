@@ -1,7 +1,8 @@
 // The `cxlrt` backend of torch.distributed: a c10d::Backend whose
 // collectives run on a cxlrt Communicator over the pool. Built at first use
 // by torch.utils.cpp_extension against the installed torch and
-// libcxlrt.so (python/cxlrt/torch_backend.py), registered for CPU tensors.
+// libcxlrt.so (python/cxlrt/torch_backend.py), registered for CPU and CUDA
+// tensors (a CUDA call is ordered on the caller's current stream; docs/gpu.md).
 //
 // A call runs at once in the caller's thread when nothing is queued or
 // running (the common case: a wake-up of another thread costs 10-50 us on a
@@ -13,6 +14,10 @@
 // communication where cores allow). An error fails that Work and every
 // later one (the communicator is aborted, as cxlrt requires).
 #include <pybind11/chrono.h>
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/extension.h>
 
 #include <chrono>
@@ -21,6 +26,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -87,21 +93,33 @@ RedOp OpOf(const c10d::ReduceOp& op) {
 }
 
 void CheckTensor(const at::Tensor& t) {
-  if (!t.device().is_cpu()) {
+  if (!t.device().is_cpu() && !t.device().is_cuda()) {
     throw std::invalid_argument(
-        absl::StrCat("cxlrt: a ", t.device().str(), " tensor: this build moves CPU tensors"));
+        absl::StrCat("cxlrt: a ", t.device().str(), " tensor: cxlrt moves CPU and CUDA tensors"));
   }
   if (!t.is_contiguous()) throw std::invalid_argument("cxlrt: the tensor is not contiguous");
 }
 
-// One queued call's handle.
+// The current stream of a CUDA tensor's device; nullopt for CPU tensors.
+std::optional<c10::Stream> StreamOf(const std::vector<at::Tensor>& tensors) {
+  if (tensors.empty() || !tensors[0].device().is_cuda()) return std::nullopt;
+  return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(tensors[0].device());
+}
+
+// One queued call's handle. For CUDA tensors (`stream`: the caller's stream
+// when it called) the work is done when the stream holds the result: the
+// call has made that stream wait for it; wait() makes the current stream
+// wait too, and the future is CUDA-aware (NCCL's contract).
 class CxlrtWork : public c10d::Work {
  public:
-  CxlrtWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs)
+  CxlrtWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs,
+            std::optional<c10::Stream> stream)
       : Work(rank, type),
         outputs_(std::move(outputs)),
+        stream_(stream),
         future_(c10::make_intrusive<at::ivalue::Future>(
-            c10::ListType::create(c10::TensorType::get()))) {}
+            c10::ListType::create(c10::TensorType::get()),
+            stream ? std::vector<c10::Device>{stream->device()} : std::vector<c10::Device>{})) {}
 
   bool isCompleted() override {
     std::lock_guard<std::mutex> l(mu_);
@@ -119,8 +137,18 @@ class CxlrtWork : public c10d::Work {
       throw std::runtime_error("cxlrt: the collective did not complete within the timeout");
     }
     if (error_) std::rethrow_exception(error_);
+    if (stream_) {
+      const c10::Stream current =
+          c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(stream_->device());
+      if (current != *stream_) {
+        c10::Event done(c10::DeviceType::CUDA);
+        done.record(*stream_);
+        done.block(current);
+      }
+    }
     return true;
   }
+  const std::optional<c10::Stream>& stream() const { return stream_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   std::vector<at::Tensor> result() override { return outputs_; }
 
@@ -140,6 +168,7 @@ class CxlrtWork : public c10d::Work {
 
  private:
   std::vector<at::Tensor> outputs_;
+  const std::optional<c10::Stream> stream_;
   c10::intrusive_ptr<at::ivalue::Future> future_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -205,8 +234,8 @@ class CxlrtBackend : public c10d::Backend {
                                            const c10d::AllreduceOptions& opts) override {
     at::Tensor t = One(tensors);
     const RedOp op = OpOf(opts.reduceOp);
-    return Enqueue(c10d::OpType::ALLREDUCE, {t}, [=](collectives::Communicator& c) {
-      return c.AllReduce(t.data_ptr(), t.data_ptr(), t.numel(), TypeOf(t), op);
+    return Enqueue(c10d::OpType::ALLREDUCE, {t}, [=](collectives::Communicator& c, void* stream) {
+      return c.AllReduce(t.data_ptr(), t.data_ptr(), t.numel(), TypeOf(t), op, stream);
     });
   }
 
@@ -214,8 +243,8 @@ class CxlrtBackend : public c10d::Backend {
                                            const c10d::BroadcastOptions& opts) override {
     at::Tensor t = One(tensors);
     const int root = static_cast<int>(opts.rootRank);
-    return Enqueue(c10d::OpType::BROADCAST, {t}, [=](collectives::Communicator& c) {
-      return c.Broadcast(t.data_ptr(), t.data_ptr(), t.numel(), TypeOf(t), root);
+    return Enqueue(c10d::OpType::BROADCAST, {t}, [=](collectives::Communicator& c, void* stream) {
+      return c.Broadcast(t.data_ptr(), t.data_ptr(), t.numel(), TypeOf(t), root, stream);
     });
   }
 
@@ -224,8 +253,8 @@ class CxlrtBackend : public c10d::Backend {
     at::Tensor t = One(tensors);
     const RedOp op = OpOf(opts.reduceOp);
     const int root = static_cast<int>(opts.rootRank);
-    return Enqueue(c10d::OpType::REDUCE, {t}, [=](collectives::Communicator& c) {
-      return c.Reduce(t.data_ptr(), t.data_ptr(), t.numel(), TypeOf(t), op, root);
+    return Enqueue(c10d::OpType::REDUCE, {t}, [=](collectives::Communicator& c, void* stream) {
+      return c.Reduce(t.data_ptr(), t.data_ptr(), t.numel(), TypeOf(t), op, root, stream);
     });
   }
 
@@ -238,10 +267,10 @@ class CxlrtBackend : public c10d::Backend {
     }
     std::vector<at::Tensor> outs = outputs[0];
     for (const at::Tensor& o : outs) Same(o, in);
-    return Enqueue(c10d::OpType::ALLGATHER, outs, [=](collectives::Communicator& c) {
+    return Enqueue(c10d::OpType::ALLGATHER, outs, [=](collectives::Communicator& c, void* stream) {
       // Gathered into one flat buffer, then split into the caller's tensors.
       at::Tensor flat = at::empty({size_ * in.numel()}, in.options());
-      absl::Status s = c.AllGather(in.data_ptr(), flat.data_ptr(), in.numel(), TypeOf(in));
+      absl::Status s = c.AllGather(in.data_ptr(), flat.data_ptr(), in.numel(), TypeOf(in), stream);
       if (s.ok()) {
         for (int r = 0; r < size_; ++r) {
           outs[r].view(-1).copy_(flat.narrow(0, r * in.numel(), in.numel()));
@@ -259,8 +288,8 @@ class CxlrtBackend : public c10d::Backend {
       throw std::invalid_argument("cxlrt: the output must hold world size times the input");
     }
     at::Tensor in = input, out = output;
-    return Enqueue(c10d::OpType::_ALLGATHER_BASE, {out}, [=](collectives::Communicator& c) {
-      return c.AllGather(in.data_ptr(), out.data_ptr(), in.numel(), TypeOf(in));
+    return Enqueue(c10d::OpType::_ALLGATHER_BASE, {out}, [=](collectives::Communicator& c, void* stream) {
+      return c.AllGather(in.data_ptr(), out.data_ptr(), in.numel(), TypeOf(in), stream);
     });
   }
 
@@ -274,8 +303,8 @@ class CxlrtBackend : public c10d::Backend {
     for (const at::Tensor& i : inputs[0]) Same(i, out);
     at::Tensor flat = at::cat(inputs[0]).view(-1);  // the caller's pieces, contiguous
     const RedOp op = OpOf(opts.reduceOp);
-    return Enqueue(c10d::OpType::REDUCE_SCATTER, {out}, [=](collectives::Communicator& c) {
-      return c.ReduceScatter(flat.data_ptr(), out.data_ptr(), out.numel(), TypeOf(out), op);
+    return Enqueue(c10d::OpType::REDUCE_SCATTER, {out}, [=](collectives::Communicator& c, void* stream) {
+      return c.ReduceScatter(flat.data_ptr(), out.data_ptr(), out.numel(), TypeOf(out), op, stream);
     });
   }
 
@@ -288,8 +317,8 @@ class CxlrtBackend : public c10d::Backend {
     }
     at::Tensor in = input, out = output;
     const RedOp op = OpOf(opts.reduceOp);
-    return Enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, {out}, [=](collectives::Communicator& c) {
-      return c.ReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(), TypeOf(out), op);
+    return Enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, {out}, [=](collectives::Communicator& c, void* stream) {
+      return c.ReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(), TypeOf(out), op, stream);
     });
   }
 
@@ -307,8 +336,8 @@ class CxlrtBackend : public c10d::Backend {
       throw std::invalid_argument("cxlrt: all_to_all_single needs equal tensors split evenly");
     }
     at::Tensor in = input, out = output;
-    return Enqueue(c10d::OpType::ALLTOALL_BASE, {out}, [=](collectives::Communicator& c) {
-      return c.AllToAll(in.data_ptr(), out.data_ptr(), in.numel() / size_, TypeOf(in));
+    return Enqueue(c10d::OpType::ALLTOALL_BASE, {out}, [=](collectives::Communicator& c, void* stream) {
+      return c.AllToAll(in.data_ptr(), out.data_ptr(), in.numel() / size_, TypeOf(in), stream);
     });
   }
 
@@ -326,9 +355,9 @@ class CxlrtBackend : public c10d::Backend {
     at::Tensor flat_in = at::cat(inputs).view(-1);
     std::vector<at::Tensor> outs = outputs;
     const int64_t n = inputs[0].numel();
-    return Enqueue(c10d::OpType::ALLTOALL, outs, [=](collectives::Communicator& c) {
+    return Enqueue(c10d::OpType::ALLTOALL, outs, [=](collectives::Communicator& c, void* stream) {
       at::Tensor flat_out = at::empty_like(flat_in);
-      absl::Status s = c.AllToAll(flat_in.data_ptr(), flat_out.data_ptr(), n, TypeOf(flat_in));
+      absl::Status s = c.AllToAll(flat_in.data_ptr(), flat_out.data_ptr(), n, TypeOf(flat_in), stream);
       if (s.ok()) {
         for (int r = 0; r < size_; ++r) outs[r].view(-1).copy_(flat_out.narrow(0, r * n, n));
       }
@@ -349,9 +378,9 @@ class CxlrtBackend : public c10d::Backend {
       outs = outputs[0];
       for (const at::Tensor& o : outs) Same(o, in);
     }
-    return Enqueue(c10d::OpType::GATHER, outs, [=](collectives::Communicator& c) {
+    return Enqueue(c10d::OpType::GATHER, outs, [=](collectives::Communicator& c, void* stream) {
       at::Tensor flat = at::empty({rank_ == root ? size_ * in.numel() : 0}, in.options());
-      absl::Status s = c.Gather(in.data_ptr(), flat.data_ptr(), in.numel(), TypeOf(in), root);
+      absl::Status s = c.Gather(in.data_ptr(), flat.data_ptr(), in.numel(), TypeOf(in), root, stream);
       if (s.ok() && rank_ == root) {
         for (int r = 0; r < size_; ++r) {
           outs[r].view(-1).copy_(flat.narrow(0, r * in.numel(), in.numel()));
@@ -374,29 +403,29 @@ class CxlrtBackend : public c10d::Backend {
       for (const at::Tensor& i : inputs[0]) Same(i, out);
       flat = at::cat(inputs[0]).view(-1);
     }
-    return Enqueue(c10d::OpType::SCATTER, {out}, [=](collectives::Communicator& c) {
-      return c.Scatter(flat.data_ptr(), out.data_ptr(), out.numel(), TypeOf(out), root);
+    return Enqueue(c10d::OpType::SCATTER, {out}, [=](collectives::Communicator& c, void* stream) {
+      return c.Scatter(flat.data_ptr(), out.data_ptr(), out.numel(), TypeOf(out), root, stream);
     });
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
     return Enqueue(c10d::OpType::BARRIER, {},
-                   [](collectives::Communicator& c) { return c.Barrier(); });
+                   [](collectives::Communicator& c, void*) { return c.Barrier(); });
   }
 
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst,
                                       int /*tag*/) override {
     at::Tensor t = One(tensors);
-    return Enqueue(c10d::OpType::SEND, {t}, [=](collectives::Communicator& c) {
-      return c.Send(t.data_ptr(), t.numel(), TypeOf(t), dst);
+    return Enqueue(c10d::OpType::SEND, {t}, [=](collectives::Communicator& c, void* stream) {
+      return c.Send(t.data_ptr(), t.numel(), TypeOf(t), dst, stream);
     });
   }
 
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src,
                                       int /*tag*/) override {
     at::Tensor t = One(tensors);
-    return Enqueue(c10d::OpType::RECV, {t}, [=](collectives::Communicator& c) {
-      return c.Recv(t.data_ptr(), t.numel(), TypeOf(t), src);
+    return Enqueue(c10d::OpType::RECV, {t}, [=](collectives::Communicator& c, void* stream) {
+      return c.Recv(t.data_ptr(), t.numel(), TypeOf(t), src, stream);
     });
   }
 
@@ -410,7 +439,7 @@ class CxlrtBackend : public c10d::Backend {
  private:
   struct Job {
     c10::intrusive_ptr<CxlrtWork> work;
-    std::function<absl::Status(collectives::Communicator&)> run;
+    std::function<absl::Status(collectives::Communicator&, void* stream)> run;
   };
 
   static at::Tensor One(const std::vector<at::Tensor>& tensors) {
@@ -428,8 +457,9 @@ class CxlrtBackend : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> Enqueue(
       c10d::OpType type, std::vector<at::Tensor> outputs,
-      std::function<absl::Status(collectives::Communicator&)> run) {
-    auto work = c10::make_intrusive<CxlrtWork>(rank_, type, std::move(outputs));
+      std::function<absl::Status(collectives::Communicator&, void* stream)> run) {
+    std::optional<c10::Stream> stream = StreamOf(outputs);
+    auto work = c10::make_intrusive<CxlrtWork>(rank_, type, std::move(outputs), stream);
     {
       std::lock_guard<std::mutex> l(mu_);
       if (always_queue_ || busy_ || !jobs_.empty()) {
@@ -443,10 +473,15 @@ class CxlrtBackend : public c10d::Backend {
     return work;
   }
 
+  // Runs a call; CUDA calls on the caller's stream (the call's own tensor
+  // work too, and the future's completion events).
   void Execute(const Job& job) {
+    const std::optional<c10::Stream>& stream = job.work->stream();
+    std::optional<c10::StreamGuard> on;
+    if (stream) on.emplace(*stream);
     std::exception_ptr error;
     try {
-      absl::Status s = job.run(*comm_);
+      absl::Status s = job.run(*comm_, stream ? stream->native_handle() : nullptr);
       if (!s.ok()) Raise(s);
     } catch (...) {
       error = std::current_exception();

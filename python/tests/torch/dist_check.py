@@ -1,6 +1,8 @@
 """Run under torchrun: every collective of the "cxlrt" torch.distributed
 backend, compared with Gloo's result on the same inputs (and with a
-reference computed here where Gloo lacks the call), sync and async."""
+reference computed here where Gloo lacks the call), sync and async.
+CXLRT_TORCH_CHECK_DEVICE=cuda: cxlrt's tensors are CUDA tensors (one GPU per
+rank, or shared), Gloo's stay on the CPU."""
 
 import os
 import sys
@@ -9,6 +11,11 @@ import torch
 import torch.distributed as dist
 
 import cxlrt.torch_backend  # noqa: F401  (registers "cxlrt")
+
+DEVICE = os.environ.get("CXLRT_TORCH_CHECK_DEVICE", "cpu")
+if DEVICE == "cuda":
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
+    torch.set_default_device("cuda")  # every tensor made below, but Gloo's
 
 dist.init_process_group("cxlrt")
 rank, n = dist.get_rank(), dist.get_world_size()
@@ -22,6 +29,8 @@ def value(r, count, dtype):
 
 
 def same(name, got, want):
+    assert DEVICE == "cpu" or name.endswith(" ref") or got.device.type == DEVICE, got.device
+    got, want = got.cpu(), want.cpu()
     if not torch.equal(got, want):
         bad = (got != want).nonzero()[:3].flatten().tolist()
         raise AssertionError(f"rank {rank}: {name}: differs at {bad}: {got.flatten()[:6]} vs "
@@ -33,7 +42,8 @@ def run_both(name, fn):
     """fn(group) -> tensor result; compares cxlrt's with Gloo's."""
     a = fn(None)
     try:
-        b = fn(gloo)
+        with torch.device("cpu"):
+            b = fn(gloo)
     except RuntimeError as e:  # Gloo lacks it: the caller's reference decides
         return a, None
     same(name, a, b)
@@ -171,6 +181,6 @@ except (RuntimeError, ValueError, TypeError) as e:
 
 dist.destroy_process_group()
 if rank == 0:
-    print(f"cxlrt torch backend, {n} ranks: {len(checked)} checks passed "
+    print(f"cxlrt torch backend, {n} ranks, {DEVICE} tensors: {len(checked)} checks passed "
           f"(Gloo compared where it has the call)")
 sys.exit(0)
