@@ -4,7 +4,8 @@
 #      scripts/gpu-prebuild.sh (--prebuilt DIR: DIR/bin and DIR/lib) where
 #      the machine cannot install cxlrt's Debian dependencies;
 #   2. the CUDA tests (several emulated hosts as processes sharing the GPU,
-#      each with its own context), and cxlrt doctor;
+#      each with its own context), the Python side's GPU tests
+#      (python/tests/gpu: CUDA tensors, the torch backend), and cxlrt doctor;
 #   3. the benchmarks: pool <-> device DMA beside pinned cudaMemcpy and the
 #      device-to-device rate (the limits); KV BatchPut/BatchGet of 16 KiB-2
 #      MiB blocks from and into device memory; 2- and 4-rank all-reduce and
@@ -25,11 +26,23 @@ if [[ -n $prebuilt ]]; then
   export LD_LIBRARY_PATH="$(cd "$prebuilt/lib" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 else
   jobs=$(nproc 2>/dev/null || echo 16)
-  cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCXLRT_PYTHON=OFF >"$OUT/build.log" 2>&1 &&
-    cmake --build build-gpu -j"$jobs" --target cxlrt_cli gpu_test device_test >>"$OUT/build.log" 2>&1 ||
+  cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCXLRT_PYTHON=ON >"$OUT/build.log" 2>&1 &&
+    cmake --build build-gpu -j"$jobs" --target cxlrt_cli gpu_test device_test _cxlrt \
+      cxlrt_shared >>"$OUT/build.log" 2>&1 ||
     { tail -30 "$OUT/build.log"; exit 1; }
   cp "$OUT/build.log" "$LOG/"
   bin=$PWD/build-gpu/bin
+  pypath=$PWD/build-gpu/python
+fi
+if [[ -n $prebuilt ]]; then
+  # The Python extension for this machine's python3 (gpu-prebuild.sh's note).
+  pypath=$(cd "$prebuilt/py" && pwd)
+  ext=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+  [[ -f $pypath/cxlrt/_cxlrt$ext ]] ||
+    g++ -O2 -std=c++20 -shared -fPIC $(python3 -m pybind11 --includes) \
+      -I"$pypath/cxlrt/include" "$pypath/module.cc" -L"$pypath/cxlrt/lib" -lcxlrt \
+      -Wl,-rpath,"$pypath/cxlrt/lib" -o "$pypath/cxlrt/_cxlrt$ext" >"$OUT/python-build.log" 2>&1 ||
+    { echo "(the Python extension did not build: $OUT/python-build.log)"; tail -5 "$OUT/python-build.log"; }
 fi
 
 summary=()
@@ -49,6 +62,10 @@ nvidia-smi >"$LOG/nvidia-smi.txt" 2>&1 || true
 step doctor 30 "$bin/cxlrt" doctor
 step device_test 30 "$bin/device_test" --gtest_brief=1
 step gpu_test 240 "$bin/gpu_test" --gtest_brief=1
+# The Python side: CUDA tensors through the API, KV paged caches in GPU
+# memory, and the torch backend's calls on CUDA tensors against Gloo.
+step python_gpu 420 env PYTHONPATH="$pypath" TORCH_EXTENSIONS_DIR="$LOG/torch_ext" \
+  python3 -m pytest -q -p no:cacheprovider python/tests/gpu
 step dma 60 "$bin/cxlrt" bench dma -b 64K -e 256M
 step kv 90 "$bin/cxlrt" bench kv --device --hosts 2 --reps 3 --working-set 512M --batch 32
 step kv_kernel 90 env CXLRT_CUDA_KV_COPY=kernel "$bin/cxlrt" bench kv --device --hosts 2 --reps 3 \
@@ -91,3 +108,4 @@ for f in allreduce_2_nomps allreduce_2 allreduce_4 allgather_2 allgather_4 allre
   echo "== $f"; grep -v '^#' "$LOG/$f.txt" | grep -v '^ *device' | tail -7 | cut -c1-112
 done
 echo "== gpu_test"; grep -E "FAILED|PASSED|SKIPPED|Failure|rank [0-9]" "$LOG/gpu_test.txt" | head -20
+echo "== python_gpu"; grep -E "passed|failed|skipped|Error|assert" "$LOG/python_gpu.txt" | head -12
