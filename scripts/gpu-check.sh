@@ -38,8 +38,12 @@ if [[ -n $prebuilt ]]; then
   # The Python extension for this machine's python3 (gpu-prebuild.sh's note).
   pypath=$(cd "$prebuilt/py" && pwd)
   ext=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+  # pybind11's headers: its package's, else the copy inside torch.
+  inc=$(python3 -m pybind11 --includes 2>/dev/null ||
+        python3 -c 'import os, sysconfig, torch
+print("-I" + sysconfig.get_paths()["include"], "-I" + os.path.join(os.path.dirname(torch.__file__), "include"))')
   [[ -f $pypath/cxlrt/_cxlrt$ext ]] ||
-    g++ -O2 -std=c++20 -shared -fPIC $(python3 -m pybind11 --includes) \
+    g++ -O2 -std=c++20 -shared -fPIC $inc \
       -I"$pypath/cxlrt/include" "$pypath/module.cc" -L"$pypath/cxlrt/lib" -lcxlrt \
       -Wl,-rpath,"$pypath/cxlrt/lib" -o "$pypath/cxlrt/_cxlrt$ext" >"$OUT/python-build.log" 2>&1 ||
     { echo "(the Python extension did not build: $OUT/python-build.log)"; tail -5 "$OUT/python-build.log"; }
