@@ -13,11 +13,11 @@
 // CXLRT_TORCH_ASYNC=1 queues every call (compute may then overlap
 // communication where cores allow). An error fails that Work and every
 // later one (the communicator is aborted, as cxlrt requires).
-#include <pybind11/chrono.h>
 #include <c10/core/Event.h>
 #include <c10/core/Stream.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <pybind11/chrono.h>
 #include <torch/extension.h>
 
 #include <chrono>
@@ -288,9 +288,10 @@ class CxlrtBackend : public c10d::Backend {
       throw std::invalid_argument("cxlrt: the output must hold world size times the input");
     }
     at::Tensor in = input, out = output;
-    return Enqueue(c10d::OpType::_ALLGATHER_BASE, {out}, [=](collectives::Communicator& c, void* stream) {
-      return c.AllGather(in.data_ptr(), out.data_ptr(), in.numel(), TypeOf(in), stream);
-    });
+    return Enqueue(
+        c10d::OpType::_ALLGATHER_BASE, {out}, [=](collectives::Communicator& c, void* stream) {
+          return c.AllGather(in.data_ptr(), out.data_ptr(), in.numel(), TypeOf(in), stream);
+        });
   }
 
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -303,9 +304,11 @@ class CxlrtBackend : public c10d::Backend {
     for (const at::Tensor& i : inputs[0]) Same(i, out);
     at::Tensor flat = at::cat(inputs[0]).view(-1);  // the caller's pieces, contiguous
     const RedOp op = OpOf(opts.reduceOp);
-    return Enqueue(c10d::OpType::REDUCE_SCATTER, {out}, [=](collectives::Communicator& c, void* stream) {
-      return c.ReduceScatter(flat.data_ptr(), out.data_ptr(), out.numel(), TypeOf(out), op, stream);
-    });
+    return Enqueue(c10d::OpType::REDUCE_SCATTER, {out},
+                   [=](collectives::Communicator& c, void* stream) {
+                     return c.ReduceScatter(flat.data_ptr(), out.data_ptr(), out.numel(),
+                                            TypeOf(out), op, stream);
+                   });
   }
 
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
@@ -317,9 +320,11 @@ class CxlrtBackend : public c10d::Backend {
     }
     at::Tensor in = input, out = output;
     const RedOp op = OpOf(opts.reduceOp);
-    return Enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, {out}, [=](collectives::Communicator& c, void* stream) {
-      return c.ReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(), TypeOf(out), op, stream);
-    });
+    return Enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, {out},
+                   [=](collectives::Communicator& c, void* stream) {
+                     return c.ReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(), TypeOf(out),
+                                            op, stream);
+                   });
   }
 
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
@@ -336,9 +341,10 @@ class CxlrtBackend : public c10d::Backend {
       throw std::invalid_argument("cxlrt: all_to_all_single needs equal tensors split evenly");
     }
     at::Tensor in = input, out = output;
-    return Enqueue(c10d::OpType::ALLTOALL_BASE, {out}, [=](collectives::Communicator& c, void* stream) {
-      return c.AllToAll(in.data_ptr(), out.data_ptr(), in.numel() / size_, TypeOf(in), stream);
-    });
+    return Enqueue(
+        c10d::OpType::ALLTOALL_BASE, {out}, [=](collectives::Communicator& c, void* stream) {
+          return c.AllToAll(in.data_ptr(), out.data_ptr(), in.numel() / size_, TypeOf(in), stream);
+        });
   }
 
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
@@ -357,7 +363,8 @@ class CxlrtBackend : public c10d::Backend {
     const int64_t n = inputs[0].numel();
     return Enqueue(c10d::OpType::ALLTOALL, outs, [=](collectives::Communicator& c, void* stream) {
       at::Tensor flat_out = at::empty_like(flat_in);
-      absl::Status s = c.AllToAll(flat_in.data_ptr(), flat_out.data_ptr(), n, TypeOf(flat_in), stream);
+      absl::Status s =
+          c.AllToAll(flat_in.data_ptr(), flat_out.data_ptr(), n, TypeOf(flat_in), stream);
       if (s.ok()) {
         for (int r = 0; r < size_; ++r) outs[r].view(-1).copy_(flat_out.narrow(0, r * n, n));
       }
@@ -380,7 +387,8 @@ class CxlrtBackend : public c10d::Backend {
     }
     return Enqueue(c10d::OpType::GATHER, outs, [=](collectives::Communicator& c, void* stream) {
       at::Tensor flat = at::empty({rank_ == root ? size_ * in.numel() : 0}, in.options());
-      absl::Status s = c.Gather(in.data_ptr(), flat.data_ptr(), in.numel(), TypeOf(in), root, stream);
+      absl::Status s =
+          c.Gather(in.data_ptr(), flat.data_ptr(), in.numel(), TypeOf(in), root, stream);
       if (s.ok() && rank_ == root) {
         for (int r = 0; r < size_; ++r) {
           outs[r].view(-1).copy_(flat.narrow(0, r * in.numel(), in.numel()));
