@@ -8,7 +8,9 @@ on a fresh emulated pool; the overhead is the difference.
 python -m cxlrt.bench paged: what gathering a paged KV block costs. Blocks
 of a paged cache (per layer [K/V, blocks, page], as vLLM lays it out) put
 and got with batch_put_paged / batch_get_paged, one value per block of
-every layer's pages, beside values of the same size in one buffer each.
+every layer's pages, beside what a connector without parts does (gather
+the pages into a staging buffer, then put it; get it, then scatter) and
+beside values of the same size that are in one buffer already.
 
 python -m cxlrt.bench torch: the torch.distributed "cxlrt" backend's
 all_reduce busbw beside Gloo's, 2 ranks, 64 KiB - 64 MiB (needs torch).
@@ -127,7 +129,18 @@ def bench_paged(layers: int, page: int, batch: int, reps: int, as_json: bool) ->
                 store.batch_put("warm", warm, flat)
                 for key in warm:
                     store.delete("warm", key)
-            for path in ("paged", "contiguous"):
+            staging = [np.empty(block, np.uint8) for _ in range(batch)]
+
+            def gather(dst_ids):  # each block's pages into its staging buffer
+                for st, b in zip(staging, dst_ids):
+                    np.concatenate([c[kv, b] for c in cache for kv in (0, 1)], out=st)
+
+            def scatter(dst_ids):
+                for st, b in zip(staging, dst_ids):
+                    for j, (c, kv) in enumerate((c, kv) for c in cache for kv in (0, 1)):
+                        c[kv, b] = st[j * page:(j + 1) * page]
+
+            for path in ("paged", "staged", "contiguous"):
                 for op in ("put", "get"):
                     samples = []
                     for rep in range(reps):
@@ -140,6 +153,12 @@ def bench_paged(layers: int, page: int, batch: int, reps: int, as_json: bool) ->
                             r = (store.batch_put_paged(ns, keys, ids, segments) if op == "put"
                                  else store.batch_get_paged(ns, keys, [b + batch for b in ids],
                                                             segments))
+                        elif path == "staged" and op == "put":
+                            gather(ids)
+                            r = store.batch_put(ns, keys, staging)
+                        elif path == "staged":
+                            r = store.batch_get_into(ns, keys, staging)
+                            scatter([b + batch for b in ids])
                         else:
                             r = (store.batch_put(ns, keys, flat) if op == "put"
                                  else store.batch_get_into(ns, keys, outs))
@@ -151,7 +170,9 @@ def bench_paged(layers: int, page: int, batch: int, reps: int, as_json: bool) ->
                             store.delete(ns, key)
                     result[f"{path}_{op}_gbps"] = statistics.median(samples)
             for op in ("put", "get"):
-                result[f"{op}_ratio"] = result[f"paged_{op}_gbps"] / result[f"contiguous_{op}_gbps"]
+                result[f"{op}_vs_staged"] = result[f"paged_{op}_gbps"] / result[f"staged_{op}_gbps"]
+                result[f"{op}_vs_contiguous"] = (result[f"paged_{op}_gbps"]
+                                                 / result[f"contiguous_{op}_gbps"])
             result["memcpy_gbps"] = memcpy
             store.close()
     finally:
@@ -164,10 +185,14 @@ def bench_paged(layers: int, page: int, batch: int, reps: int, as_json: bool) ->
     print(f"# python -m cxlrt.bench paged: {batch} blocks of {layers} layers x K,V x "
           f"{page} B pages ({block} B each), medians of {reps}; this machine's memcpy "
           f"(numpy, 64 MiB): {r['memcpy_gbps']:.2f} GB/s")
-    print("%6s %12s %12s %8s" % ("op", "paged GB/s", "one buffer", "ratio"))
+    print("# GB/s of blocks; staged: gather into (scatter from) a staging buffer + one-buffer "
+          "call; one buffer: values already contiguous")
+    print("%6s %8s %8s %11s %10s %12s" % ("op", "paged", "staged", "one buffer", "vs staged",
+                                          "vs 1 buffer"))
     for op in ("put", "get"):
-        print("%6s %12.2f %12.2f %8.2f" % (op, r[f"paged_{op}_gbps"],
-                                           r[f"contiguous_{op}_gbps"], r[f"{op}_ratio"]))
+        print("%6s %8.2f %8.2f %11.2f %10.2f %12.2f" % (
+            op, r[f"paged_{op}_gbps"], r[f"staged_{op}_gbps"], r[f"contiguous_{op}_gbps"],
+            r[f"{op}_vs_staged"], r[f"{op}_vs_contiguous"]))
     return 0
 
 

@@ -353,3 +353,15 @@ def test_paged_blocks_gather_every_layers_pages_and_scatter_them_elsewhere(uri):
         with pytest.raises(cxlrt.InvalidArgumentError, match="at least one segment"):
             store.batch_put_paged("paged", ["x"], [1], [])
         store.close()
+
+
+def test_the_paged_benchmark_runs_and_reports_every_path(capsys):
+    from cxlrt import bench
+
+    assert bench.main(["paged", "--layers", "2", "--page", "4K", "--batch", "2", "--reps", "1",
+                       "--json"]) == 0
+    row = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert row["block"] == 2 * 2 * 4096
+    for k in ("paged_put_gbps", "staged_put_gbps", "contiguous_put_gbps", "paged_get_gbps",
+              "staged_get_gbps", "contiguous_get_gbps", "memcpy_gbps"):
+        assert row[k] > 0, row
