@@ -83,6 +83,7 @@ class CxlrtConnectorMetadata(KVConnectorMetadata):
 class _Request:
     """Scheduler-side state of one request."""
 
+    request: "Request"  # the scheduler's, whose tokens grow as it decodes
     seed: bytes
     keys: list[bytes] = field(default_factory=list)  # of its full blocks so far
     stored: int = 0  # leading blocks known to be in the store
@@ -164,7 +165,7 @@ class CxlrtConnector(KVConnectorBase_V1):
     def _state(self, request: "Request") -> _Request:
         st = self._reqs.get(request.request_id)
         if st is None:
-            st = self._reqs[request.request_id] = _Request(seed=_seed(request))
+            st = self._reqs[request.request_id] = _Request(request, _seed(request))
         tokens = request.all_token_ids
         bs = self._block_size
         while (len(st.keys) + 1) * bs <= len(tokens):
@@ -233,14 +234,15 @@ class CxlrtConnector(KVConnectorBase_V1):
             scheduled.append((req_id, cached.num_computed_tokens[i]))
 
         for req_id, computed in scheduled:
-            st = self._reqs[req_id]
+            st = self._state(self._reqs[req_id].request)  # keys of blocks decoding filled
             ids = st.block_ids
             if st.load is not None:
                 first, end = st.load
                 meta.loads.append(Transfer(req_id, st.keys[first:end], ids[first:end]))
                 st.stored = max(st.stored, end)
                 st.load = None
-            # The blocks this step fills: stored unless they are already.
+            # The blocks this step fills, generated tokens' too (a later turn
+            # of the conversation starts with them): stored unless they are.
             computed += out.num_scheduled_tokens.get(req_id, 0)
             full = min(computed // self._block_size, len(st.keys), len(ids))
             if full > st.stored:

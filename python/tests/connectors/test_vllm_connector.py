@@ -222,6 +222,18 @@ def test_only_the_common_prefix_hits_and_a_different_salt_misses(model_dir, uri)
     assert c.first_computed["r3"] == 0
 
 
+def test_blocks_that_decoding_fills_are_stored_for_the_next_turn(model_dir, uri):
+    a = Server(model_dir, uri)
+    a.add("turn1", prompt(30), max_tokens=20)
+    a.run()
+    assert len(a.tokens("turn1")) == 50  # blocks 1 and 2 hold generated tokens
+    b = Server(model_dir, uri)
+    b.add("turn2", a.tokens("turn1") + prompt(10, salt=3))
+    b.run()
+    assert b.first_computed["turn2"] == 48
+    assert all(b.block_matches("turn2", i) for i in range(3))
+
+
 def test_a_prompt_that_is_all_cached_still_computes_its_last_token(model_dir, uri):
     a = Server(model_dir, uri)
     a.add("r1", prompt(64))
