@@ -62,9 +62,9 @@ _TORCH = {
 
 
 def _view(x, dtype: Optional[str] = None):
-    """(buffer, cxlrt dtype, elements) of an array, without a copy. GPU
-    memory (CUDA tensors, objects with ``__cuda_array_interface__``) comes
-    back as a DeviceSpan (docs/gpu.md)."""
+    """(buffer, cxlrt dtype, elements) of an array, without a copy: numpy
+    arrays, torch tensors, ``__cuda_array_interface__`` objects, DLPack
+    arrays, buffers. GPU memory comes back as a DeviceSpan (docs/gpu.md)."""
     mod = type(x).__module__
     if mod.startswith("torch"):
         if x.device.type not in ("cpu", "cuda"):
@@ -101,6 +101,13 @@ def _view(x, dtype: Optional[str] = None):
         if name is None:
             raise InvalidArgumentError(f"cxlrt has no element type for {x.dtype}")
         return x, name, x.size
+    if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):  # JAX, TF, ... arrays
+        # A CUDA producer orders its work before the consumer's stream (1:
+        # the legacy default stream, which the call uses unless given one).
+        dev_type = x.__dlpack_device__()[0]
+        cap = x.__dlpack__(stream=1) if dev_type in (2, 13) else x.__dlpack__()
+        span, name, count = _cxlrt.dlpack_view(cap)
+        return span, dtype or name, count
     if dtype is None:
         raise InvalidArgumentError("pass dtype= for a buffer that is not an array")
     nbytes = memoryview(x).nbytes
@@ -305,8 +312,11 @@ class Communicator:
 
 def _buffers(items: Sequence) -> Sequence:
     """The items themselves when they have the buffer protocol (numpy,
-    bytes, PoolBuffer: checked in C++), else their array views (tensors)."""
-    if items and type(items[0]).__module__.startswith("torch"):
+    bytes, PoolBuffer: checked in C++), else their array views (tensors,
+    GPU and DLPack arrays)."""
+    if items and (type(items[0]).__module__.startswith("torch")
+                  or hasattr(items[0], "__cuda_array_interface__")
+                  or (hasattr(items[0], "__dlpack__") and not hasattr(items[0], "flags"))):
         return [_view(x, "uint8")[0] for x in items]
     return items
 

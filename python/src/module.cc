@@ -8,6 +8,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -194,6 +195,82 @@ struct DeviceSpan {
 };
 
 Span SpanOf(const py::buffer& b, bool writable);
+
+// DLPack (the array-exchange ABI of JAX, TensorFlow, CuPy, numpy...): the
+// structs of dlpack.h, whose layout the standard fixes.
+namespace dlpack {
+struct Device {
+  int32_t type;  // 1 CPU, 2 CUDA, 3 CUDA host (pinned), 13 CUDA managed
+  int32_t id;
+};
+struct DataType {
+  uint8_t code;  // 0 int, 1 uint, 2 float, 4 bfloat
+  uint8_t bits;
+  uint16_t lanes;
+};
+struct Tensor {
+  void* data;
+  Device device;
+  int32_t ndim;
+  DataType dtype;
+  int64_t* shape;
+  int64_t* strides;  // in elements; null: C-contiguous
+  uint64_t byte_offset;
+};
+struct ManagedTensor {
+  Tensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(ManagedTensor*);
+};
+}  // namespace dlpack
+
+// (memoryview or DeviceSpan, cxlrt dtype, elements) of an unconsumed
+// "dltensor" capsule. It is only read: the capsule keeps ownership, and
+// the producer's array (which the caller holds) keeps the memory.
+py::tuple DlpackView(const py::capsule& cap) {
+  if (std::string(cap.name() ? cap.name() : "") != "dltensor") {
+    throw StatusError{
+        absl::InvalidArgumentError("expected an unconsumed DLPack capsule (named 'dltensor')")};
+  }
+  const dlpack::Tensor& t = cap.get_pointer<dlpack::ManagedTensor>()->dl_tensor;
+  const dlpack::DataType d = t.dtype;
+  static const std::map<std::pair<int, int>, const char*> kTypes = {
+      {{0, 8}, "int8"},     {{0, 32}, "int32"},   {{0, 64}, "int64"},   {{1, 8}, "uint8"},
+      {{1, 32}, "uint32"},  {{1, 64}, "uint64"},  {{2, 16}, "float16"}, {{2, 32}, "float32"},
+      {{2, 64}, "float64"}, {{4, 16}, "bfloat16"}};
+  auto type = kTypes.find({d.code, d.bits});
+  if (type == kTypes.end() || d.lanes != 1) {
+    throw StatusError{absl::InvalidArgumentError(
+        absl::StrCat("cxlrt has no element type for DLPack type code ", d.code, ", ", d.bits,
+                     " bits, ", d.lanes, " lanes"))};
+  }
+  int64_t count = 1, expect = 1;
+  for (int i = t.ndim - 1; i >= 0; --i) {
+    if (t.strides && t.shape[i] > 1 && t.strides[i] != expect) {
+      throw StatusError{absl::InvalidArgumentError("the DLPack array is not C-contiguous")};
+    }
+    expect *= t.shape[i];
+    count *= t.shape[i];
+  }
+  const size_t nbytes = static_cast<size_t>(count) * (d.bits / 8);
+  auto* p = static_cast<uint8_t*>(t.data) + t.byte_offset;
+  py::object view;
+  switch (t.device.type) {
+    case 1:  // CPU
+    case 3:  // CUDA host memory
+      view = py::reinterpret_steal<py::object>(
+          PyMemoryView_FromMemory(reinterpret_cast<char*>(p), nbytes, PyBUF_WRITE));
+      break;
+    case 2:   // CUDA
+    case 13:  // CUDA managed
+      view = py::cast(DeviceSpan{reinterpret_cast<uint64_t>(p), nbytes});
+      break;
+    default:
+      throw StatusError{absl::InvalidArgumentError(absl::StrCat(
+          "a DLPack array on device type ", t.device.type, ": cxlrt moves CPU and CUDA memory"))};
+  }
+  return py::make_tuple(view, type->second, count);
+}
 
 // A buffer-protocol object or a DeviceSpan.
 Span AnySpanOf(const py::handle& o, bool writable) {
@@ -557,6 +634,9 @@ PYBIND11_MODULE(_cxlrt, m) {
       .def("__repr__", [](const DeviceSpan& d) {
         return absl::StrCat("DeviceSpan(ptr=0x", absl::Hex(d.ptr), ", nbytes=", d.nbytes, ")");
       });
+  m.def("dlpack_view", &DlpackView, py::arg("capsule"),
+        "(memoryview or DeviceSpan, dtype, elements) of a DLPack capsule, which stays "
+        "unconsumed; the array must outlive the view.");
   m.def("devices_available", &collectives::DevicesAvailable,
         "Whether this process can use a GPU (a CUDA build, a driver, a device).");
   m.def("devices_unavailable_reason", &collectives::DevicesUnavailableReason,

@@ -365,3 +365,51 @@ def test_the_paged_benchmark_runs_and_reports_every_path(capsys):
     for k in ("paged_put_gbps", "staged_put_gbps", "contiguous_put_gbps", "paged_get_gbps",
               "staged_get_gbps", "contiguous_get_gbps", "memcpy_gbps"):
         assert row[k] > 0, row
+
+
+class DlpackOnly:
+    """An array known only through DLPack (as JAX and TensorFlow arrays are
+    to cxlrt): numpy's own __dlpack__ behind it."""
+
+    def __init__(self, arr):
+        self.arr = arr
+
+    def __dlpack__(self, stream=None):
+        return self.arr.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.arr.__dlpack_device__()
+
+
+def _dlpack_rank(rank, n, uri):
+    with cxlrt.Host(uri) as host, host.communicator("dlpack", n, rank) as comm:
+        x = np.arange(1000, dtype=np.float32) * (rank + 1)
+        comm.all_reduce(DlpackOnly(x))  # in place, through the DLPack view
+        np.testing.assert_array_equal(x, np.arange(1000, dtype=np.float32) * sum(range(1, n + 1)))
+        out = np.zeros(n * 4, np.int64)
+        comm.all_gather(DlpackOnly(np.full(4, rank, np.int64)), DlpackOnly(out))
+        np.testing.assert_array_equal(out, np.repeat(np.arange(n), 4))
+
+
+def test_dlpack_arrays_go_through_collectives_and_the_store(uri):
+    run_ranks(2, _dlpack_rank, uri)
+    with cxlrt.Host(uri) as host:
+        store = host.store(create=True)
+        store.put("d", "k", DlpackOnly(np.arange(10, dtype=np.int32)))
+        back = np.zeros(10, np.int32)
+        assert store.get_into("d", "k", DlpackOnly(back)) == 40
+        np.testing.assert_array_equal(back, np.arange(10))
+        assert store.batch_put("d", ["a", "b"], [DlpackOnly(np.ones(3, np.uint8))] * 2) == [None] * 2
+        with pytest.raises(cxlrt.InvalidArgumentError, match="not C-contiguous"):
+            store.put("d", "s", DlpackOnly(np.arange(10, dtype=np.int32)[::2]))
+        with pytest.raises(cxlrt.InvalidArgumentError, match="no element type"):
+            store.put("d", "c", DlpackOnly(np.ones(2, np.complex64)))
+        # A capsule another consumer already took (renamed, as the protocol says).
+        import ctypes
+
+        cap = np.ones(2).__dlpack__()
+        ctypes.pythonapi.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+        ctypes.pythonapi.PyCapsule_SetName(cap, b"used_dltensor")
+        with pytest.raises(cxlrt.InvalidArgumentError, match="unconsumed DLPack"):
+            cxlrt._cxlrt.dlpack_view(cap)
+        store.close()
