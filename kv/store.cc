@@ -109,6 +109,50 @@ absl::Status CheckItem(const GetItem& it) {
   return CheckItem(it.key, it.dst != nullptr || it.capacity != 0, it.parts.size());
 }
 
+// The copies that move one value: (dst, src, bytes) lists, as CopyBatch
+// takes them. Empty copies are left out.
+struct Copies {
+  std::vector<void*> dsts;
+  std::vector<const void*> srcs;
+  std::vector<size_t> sizes;
+  void Add(void* dst, const void* src, size_t n) {
+    if (n == 0) return;
+    dsts.push_back(dst);
+    srcs.push_back(src);
+    sizes.push_back(n);
+  }
+};
+
+// The bytes of a value's parts.
+template <typename Part>
+size_t TotalOf(absl::Span<const Part> parts) {
+  size_t n = 0;
+  for (const Part& p : parts) n += p.size;
+  return n;
+}
+
+// A value's parts into its block, in order.
+Copies IntoBlock(uint8_t* block, absl::Span<const PutPart> parts) {
+  Copies c;
+  for (size_t at = 0; const PutPart& p : parts) {
+    c.Add(block + at, p.data, p.size);
+    at += p.size;
+  }
+  return c;
+}
+
+// A value of `size` bytes out of its block, cut along the parts (the last
+// one it reaches may be left short).
+Copies OutOfBlock(const uint8_t* block, size_t size, absl::Span<const GetPart> parts) {
+  Copies c;
+  for (size_t i = 0, at = 0; i < parts.size() && at < size; ++i) {
+    const size_t n = std::min<size_t>(parts[i].size, size - at);
+    c.Add(parts[i].data, block + at, n);
+    at += n;
+  }
+  return c;
+}
+
 absl::Status MixedParts(absl::string_view key) {
   return absl::InvalidArgumentError(absl::StrCat(
       "the parts of key '", Printable(key), "' are in both GPU and host memory; give one kind"));
@@ -563,8 +607,7 @@ void Store::ForEachItem(size_t n, uint64_t bytes, const std::function<void(size_
 
 absl::Status Store::PutOne(uint32_t ns, absl::string_view ns_name, absl::string_view key,
                            absl::Span<const PutPart> parts) {
-  size_t size = 0;
-  for (const PutPart& p : parts) size += p.size;
+  const size_t size = TotalOf(parts);
   CXLRT_ASSIGN_OR_RETURN(const Reserved r, Reserve(ns, ns_name, key, size));
   PoolOffset at = r.block;
   for (const PutPart& p : parts) {
@@ -773,8 +816,7 @@ std::vector<absl::StatusOr<size_t>> Store::BatchGet(absl::string_view ns,
 absl::StatusOr<size_t> Store::GetOne(uint32_t ns, absl::string_view key,
                                      absl::Span<const GetPart> parts, bool exact,
                                      collectives::DeviceEngine* dev) {
-  size_t capacity = 0;
-  for (const GetPart& p : parts) capacity += p.size;
+  const size_t capacity = TotalOf(parts);
   const uint64_t hash = KeyHash(ns, key);
   // A get that races an eviction sees the seal change and looks again; a
   // key evicted for good is then not found.
@@ -812,28 +854,19 @@ absl::StatusOr<size_t> Store::GetOne(uint32_t ns, absl::string_view key,
                                                      e.value_size, " bytes; the destination holds ",
                                                      capacity));
     }
-    // The value, cut along the parts (the last one may be left short).
-    std::vector<void*> dsts;
-    std::vector<const void*> srcs;
-    std::vector<size_t> sizes;
-    for (size_t i = 0, done = 0; i < parts.size() && done < e.value_size; ++i) {
-      const size_t n = std::min<size_t>(parts[i].size, e.value_size - done);
-      if (n == 0) continue;
-      dsts.push_back(parts[i].data);
-      srcs.push_back(pool_.backend().base() + e.block + done);
-      sizes.push_back(n);
-      done += n;
-    }
+    const uint8_t* base = pool_.backend().base();
+    const Copies c = OutOfBlock(base + e.block, e.value_size, parts);
     if (dev) {
       // A DMA read returns this host's cached copy of a line when it has
       // one: drop the lines first, as CopyFromPool does.
       c_.Invalidate(e.block, e.value_size);
-      const auto t =
-          dev->CopyBatch(/*to_pool=*/false, dsts.data(), srcs.data(), sizes.data(), dsts.size());
+      const auto t = dev->CopyBatch(/*to_pool=*/false, c.dsts.data(), c.srcs.data(), c.sizes.data(),
+                                    c.dsts.size());
       CXLRT_RETURN_IF_ERROR(dev->Wait(t, absl::Now() + kDeviceCopyDeadline));
     } else {
-      for (size_t i = 0, done = 0; i < dsts.size(); done += sizes[i], ++i) {
-        c_.CopyFromPoolStreaming(dsts[i], e.block + done, sizes[i]);
+      for (size_t i = 0; i < c.dsts.size(); ++i) {
+        c_.CopyFromPoolStreaming(c.dsts[i], static_cast<const uint8_t*>(c.srcs[i]) - base,
+                                 c.sizes[i]);
       }
     }
     // Loads of the value before the seal's: x86 keeps loads in order; the
@@ -881,6 +914,7 @@ std::vector<collectives::MemoryKind> Store::KindsOf(const void* const* ptrs, siz
 template <typename Item>
 std::vector<collectives::MemoryKind> Store::ItemKinds(absl::Span<const Item> items,
                                                       std::vector<bool>* mixed) {
+  if (!collectives::DevicesAvailable()) return {};  // every pointer is host memory
   std::vector<const void*> ptrs;
   std::vector<size_t> first(items.size() + 1);  // item i's pointers: [first[i], first[i+1])
   for (size_t i = 0; i < items.size(); ++i) {
@@ -939,15 +973,11 @@ class CopyGroups {
 
   // An item and its copies (its value's parts), all in one group: the item
   // is done when they all are.
-  void Add(T item, absl::Span<void* const> dsts, absl::Span<const void* const> srcs,
-           absl::Span<const size_t> sizes) {
+  void Add(T item, const Copies& c) {
     open_.items.push_back(std::move(item));
-    for (size_t i = 0; i < dsts.size(); ++i) {
-      if (sizes[i] == 0) continue;
-      open_.dsts.push_back(dsts[i]);
-      open_.srcs.push_back(srcs[i]);
-      open_.sizes.push_back(sizes[i]);
-      open_.bytes += sizes[i];
+    for (size_t i = 0; i < c.dsts.size(); ++i) {
+      open_.copies.Add(c.dsts[i], c.srcs[i], c.sizes[i]);
+      open_.bytes += c.sizes[i];
     }
     if (open_.bytes >= kGroupBytes) Submit();
   }
@@ -959,16 +989,15 @@ class CopyGroups {
  private:
   struct Group {
     std::vector<T> items;
-    std::vector<void*> dsts;
-    std::vector<const void*> srcs;
-    std::vector<size_t> sizes;
+    Copies copies;
     uint64_t bytes = 0;
     collectives::CopyEngine::Ticket ticket = 0;
   };
   void Submit() {
     if (open_.items.empty()) return;
-    open_.ticket = engine_.CopyBatch(to_pool_, open_.dsts.data(), open_.srcs.data(),
-                                     open_.sizes.data(), open_.sizes.size());
+    const Copies& c = open_.copies;
+    open_.ticket =
+        engine_.CopyBatch(to_pool_, c.dsts.data(), c.srcs.data(), c.sizes.data(), c.sizes.size());
     flying_.push_back(std::move(open_));
     open_ = {};
     if (flying_.size() >= kGroupsInFlight) FinishOne();
@@ -1041,23 +1070,13 @@ std::vector<absl::Status> Store::DeviceBatchPut(uint32_t ns, absl::string_view n
       out[i] = dev.status();
       continue;
     }
-    size_t size = 0;
-    for (const PutPart& p : parts) size += p.size;
+    const size_t size = TotalOf(parts);
     auto r = Reserve(ns, ns_name, it.key, size);
     if (!r.ok()) {
       out[i] = r.status();
       continue;
     }
-    std::vector<void*> dsts;
-    std::vector<const void*> srcs;
-    std::vector<size_t> sizes;
-    for (size_t at = 0; const PutPart& p : parts) {
-      dsts.push_back(pool_.backend().base() + r->block + at);
-      srcs.push_back(p.data);
-      sizes.push_back(p.size);
-      at += p.size;
-    }
-    g->Add({i, *r, size}, dsts, srcs, sizes);
+    g->Add({i, *r, size}, IntoBlock(pool_.backend().base() + r->block, parts));
   }
   if (g) g->Flush();
   return out;
@@ -1119,8 +1138,7 @@ std::vector<absl::StatusOr<size_t>> Store::DeviceBatchGet(
       out[i] = dev.status();
       continue;
     }
-    size_t capacity = 0;
-    for (const GetPart& p : parts) capacity += p.size;
+    const size_t capacity = TotalOf(parts);
     bool evicting = false;
     auto found = SearchAll(ns, it.key, KeyHash(ns, it.key), &evicting);
     if (!found.ok() || !*found || evicting || (*found)->e.value_size > capacity ||
@@ -1132,17 +1150,8 @@ std::vector<absl::StatusOr<size_t>> Store::DeviceBatchGet(
     // A DMA read returns this host's cached copy of a line when it has
     // one: drop the lines first, as CopyFromPool does.
     c_.Invalidate(e.block, e.value_size);
-    std::vector<void*> dsts;
-    std::vector<const void*> srcs;
-    std::vector<size_t> sizes;
-    for (size_t k = 0, at = 0; k < parts.size() && at < e.value_size; ++k) {
-      const size_t n = std::min<size_t>(parts[k].size, e.value_size - at);
-      dsts.push_back(parts[k].data);
-      srcs.push_back(pool_.backend().base() + e.block + at);
-      sizes.push_back(n);
-      at += n;
-    }
-    g->Add({i, (*found)->partition, (*found)->index, e.gen, e.value_size}, dsts, srcs, sizes);
+    g->Add({i, (*found)->partition, (*found)->index, e.gen, e.value_size},
+           OutOfBlock(pool_.backend().base() + e.block, e.value_size, parts));
   }
   if (g) g->Flush();
   for (size_t i : again) {
