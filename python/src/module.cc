@@ -492,8 +492,8 @@ py::list RunBatchGet(kv::Store& s, const std::string& ns, const std::vector<kv::
 }
 
 // Batch items from keys and raw (address, size) pairs: `per` consecutive
-// pairs per key (more than one: the value's parts, in order). `parts`
-// keeps the items' parts alive for the call.
+// pairs per key, the value's parts in order (a get must fill them
+// exactly). `parts` keeps the items' parts alive for the call.
 template <typename Item, typename Part, typename Ptr>
 std::vector<Item> PtrItems(const std::vector<std::string>& keys, const std::vector<uintptr_t>& ptrs,
                            const std::vector<size_t>& sizes, size_t per, std::vector<Part>* parts) {
@@ -503,12 +503,6 @@ std::vector<Item> PtrItems(const std::vector<std::string>& keys, const std::vect
                      " sizes do not make ", per, " (address, size) pairs per key"))};
   }
   std::vector<Item> items(keys.size());
-  if (per == 1) {
-    for (size_t i = 0; i < keys.size(); ++i) {
-      items[i] = {keys[i], reinterpret_cast<Ptr>(ptrs[i]), sizes[i], {}};
-    }
-    return items;
-  }
   parts->resize(ptrs.size());
   for (size_t j = 0; j < ptrs.size(); ++j) (*parts)[j] = {reinterpret_cast<Ptr>(ptrs[j]), sizes[j]};
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -519,7 +513,7 @@ std::vector<Item> PtrItems(const std::vector<std::string>& keys, const std::vect
 
 // Paged items (a paged KV cache): item i's value is, for each segment
 // (ptr, block_stride, nbytes) in order, the nbytes at ptr + blocks[i] *
-// block_stride. `parts` keeps the items' parts alive for the call.
+// block_stride: PtrItems with a part per segment.
 template <typename Item, typename Part, typename Ptr>
 std::vector<Item> PagedItems(const std::vector<std::string>& keys,
                              const std::vector<uint64_t>& blocks,
@@ -532,17 +526,15 @@ std::vector<Item> PagedItems(const std::vector<std::string>& keys,
   if (segments.empty()) {
     throw StatusError{absl::InvalidArgumentError("a paged value needs at least one segment")};
   }
-  const size_t per = segments.size();
-  parts->resize(keys.size() * per);
-  std::vector<Item> items(keys.size());
-  for (size_t i = 0; i < keys.size(); ++i) {
-    for (size_t j = 0; j < per; ++j) {
-      const auto& [ptr, stride, nbytes] = segments[j];
-      (*parts)[i * per + j] = {reinterpret_cast<Ptr>(ptr + blocks[i] * stride), nbytes};
+  std::vector<uintptr_t> ptrs;
+  std::vector<size_t> sizes;
+  for (uint64_t block : blocks) {
+    for (const auto& [ptr, stride, nbytes] : segments) {
+      ptrs.push_back(ptr + block * stride);
+      sizes.push_back(nbytes);
     }
-    items[i] = {keys[i], nullptr, 0, absl::MakeConstSpan(parts->data() + i * per, per)};
   }
-  return items;
+  return PtrItems<Item, Part, Ptr>(keys, ptrs, sizes, segments.size(), parts);
 }
 
 }  // namespace

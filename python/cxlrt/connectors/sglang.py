@@ -98,8 +98,7 @@ class CxlrtHiCacheStorage(HiCacheStorage):
             return []
         per, ptrs, sizes = self._page_buffers(keys, host_indices)
         res = self.store._s.batch_get_ptrs(self.ns, [k.encode() for k in keys], ptrs, sizes, per)
-        return [isinstance(r, int) and r == sum(sizes[i * per:(i + 1) * per])
-                for i, r in enumerate(res)]
+        return [isinstance(r, int) for r in res]  # a page of another size is an error
 
     # --- tensors (v0) ---
 

@@ -65,18 +65,22 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class Transfer:
-    """Blocks of one request to move: keys[i] <-> KV cache block block_ids[i]."""
+class Transfers:
+    """Blocks to move, every request's of a step: keys[i] <-> KV cache block
+    block_ids[i]."""
 
-    req_id: str
-    keys: list[bytes]
-    block_ids: list[int]
+    keys: list[bytes] = field(default_factory=list)
+    block_ids: list[int] = field(default_factory=list)
+
+    def add(self, keys: list[bytes], block_ids: list[int]) -> None:
+        self.keys += keys
+        self.block_ids += block_ids
 
 
 @dataclass
 class CxlrtConnectorMetadata(KVConnectorMetadata):
-    loads: list[Transfer] = field(default_factory=list)
-    saves: list[Transfer] = field(default_factory=list)
+    loads: Transfers = field(default_factory=Transfers)
+    saves: Transfers = field(default_factory=Transfers)
 
 
 @dataclass
@@ -238,7 +242,7 @@ class CxlrtConnector(KVConnectorBase_V1):
             ids = st.block_ids
             if st.load is not None:
                 first, end = st.load
-                meta.loads.append(Transfer(req_id, st.keys[first:end], ids[first:end]))
+                meta.loads.add(st.keys[first:end], ids[first:end])
                 st.stored = max(st.stored, end)
                 st.load = None
             # The blocks this step fills, generated tokens' too (a later turn
@@ -246,7 +250,7 @@ class CxlrtConnector(KVConnectorBase_V1):
             computed += out.num_scheduled_tokens.get(req_id, 0)
             full = min(computed // self._block_size, len(st.keys), len(ids))
             if full > st.stored:
-                meta.saves.append(Transfer(req_id, st.keys[st.stored:full], ids[st.stored:full]))
+                meta.saves.add(st.keys[st.stored:full], ids[st.stored:full])
                 st.stored = full
         return meta
 
@@ -289,12 +293,10 @@ class CxlrtConnector(KVConnectorBase_V1):
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, CxlrtConnectorMetadata)
-        if not meta.loads:
+        if not meta.loads.keys:
             return
-        keys = [k for t in meta.loads for k in t.keys]
-        ids = [b for t in meta.loads for b in t.block_ids]
-        res = self._transfer(self.store._s.batch_get_paged, keys, ids)
-        for key, block, r in zip(keys, ids, res):
+        res = self._transfer(self.store._s.batch_get_paged, meta.loads)
+        for block, r in zip(meta.loads.block_ids, res):
             if not isinstance(r, int):
                 logger.warning("cxlrt: block %d did not load (%s); vLLM recomputes it", block, r)
                 self._load_errors.add(block)
@@ -309,25 +311,23 @@ class CxlrtConnector(KVConnectorBase_V1):
     def wait_for_save(self) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, CxlrtConnectorMetadata)
-        if not meta.saves:
+        if not meta.saves.keys:
             return
         if self._device is not None and self._device.type == "cuda":
             torch.cuda.current_stream(self._device).synchronize()  # the forward's writes
-        keys = [k for t in meta.saves for k in t.keys]
-        ids = [b for t in meta.saves for b in t.block_ids]
-        res = self._transfer(self.store._s.batch_put_paged, keys, ids)
+        res = self._transfer(self.store._s.batch_put_paged, meta.saves)
         for r in res:
             if r is not None and not isinstance(r, cxlrt.AlreadyExistsError):
                 logger.warning("cxlrt: a block was not stored: %s", r)  # a later miss
 
-    def _transfer(self, call, keys: list[bytes], ids: list[int]) -> list:
+    def _transfer(self, call, t: Transfers) -> list:
         if not self._segments:
             raise RuntimeError("cxlrt vLLM connector: register_kv_caches was not called")
-        bad = [b for b in ids if not 0 <= b < self._num_blocks]
-        if bad:
+        bad = [b for b in t.block_ids if not 0 <= b < self._num_blocks]
+        if bad:  # an address outside the cache: refused before any copy
             raise ValueError(f"cxlrt vLLM connector: block ids {bad[:4]} outside the cache's "
                              f"{self._num_blocks} blocks")
-        return call(self._worker_namespace(), keys, ids, self._segments)
+        return call(self._worker_namespace(), t.keys, t.block_ids, self._segments)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
