@@ -559,7 +559,12 @@ int RunCollBench(const CollBenchOptions& o) {
     return 1;
   }
   // Our own ranks, as emulated hosts of a pool made for the run.
-  const uint64_t per_rank = (8ull << 20) + (o.in_pool ? 2 * (o.max_bytes + (1 << 20)) : 0);
+  // A rank's data slots (4 MiB each where a GPU is and none was set), its
+  // lines and buffers, and its in-pool buffers.
+  const runtime::Config& config = runtime::GetConfig();
+  const uint64_t slots =
+      uint64_t{config.comm_depth} * std::max<uint64_t>(config.comm_slot_bytes, 4 << 20);
+  const uint64_t per_rank = (4ull << 20) + slots + (o.in_pool ? 2 * (o.max_bytes + (1 << 20)) : 0);
   const std::string uri = o.pool.empty() ? absl::StrCat("emu://bench-coll-", getpid()) : o.pool;
   auto scratch = ScratchPool::Create(uri, (128ull << 20) + o.ranks * per_rank);
   if (!scratch.ok()) {

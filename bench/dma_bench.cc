@@ -6,39 +6,71 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "bench/harness.h"
 #include "collectives/device.h"
 #include "nlohmann/json.hpp"
+#include "runtime/status_macros.h"
 
 namespace cxlrt::bench {
 
 using collectives::TimeCopies;
+
+namespace {
+
+// The pool of a GPU benchmark, made for the run: two buffers of `bytes`
+// (pages faulted in) and a page for flags, the mapping registered with
+// CUDA by the engine (kept with it).
+struct GpuPool {
+  std::unique_ptr<ScratchPool> scratch;
+  AttachedHost host;
+  std::unique_ptr<collectives::DeviceEngine> engine;
+  uint8_t* a = nullptr;
+  uint8_t* b = nullptr;
+  uint8_t* flags = nullptr;
+};
+
+absl::StatusOr<GpuPool> MakeGpuPool(const std::string& uri, const char* bench, uint64_t bytes) {
+  if (!collectives::DevicesAvailable()) {
+    return absl::UnavailableError("needs a GPU: " + collectives::DevicesUnavailableReason());
+  }
+  GpuPool g;
+  CXLRT_ASSIGN_OR_RETURN(
+      g.scratch,
+      ScratchPool::Create(uri.empty() ? absl::StrCat("emu://bench-", bench, "-", getpid()) : uri,
+                          2 * bytes + (256 << 20)));
+  CXLRT_ASSIGN_OR_RETURN(g.host, AttachHost(g.scratch->open_uri(), AnySlot()));
+  runtime::Pool& pool = *g.host.pool;
+  uint8_t* base = pool.backend().base();
+  auto a = g.host.alloc->Allocate(bytes, {.alignment = 4096});
+  auto b = g.host.alloc->Allocate(bytes, {.alignment = 4096});
+  auto flags = g.host.alloc->Allocate(4096, {.alignment = 4096});
+  for (const auto* st : {&a, &b, &flags}) {
+    if (!st->ok()) return absl::ResourceExhaustedError("pool buffers: " + st->status().ToString());
+  }
+  g.a = base + *a;
+  g.b = base + *b;
+  g.flags = base + *flags;
+  std::memset(g.a, 1, bytes);  // fault the pages in
+  std::memset(g.b, 1, bytes);
+  std::memset(g.flags, 0, 4096);
+  CXLRT_ASSIGN_OR_RETURN(g.engine,
+                         collectives::MakeDeviceEngine(pool.coherence(), base, pool.size()));
+  return g;
+}
+
+}  // namespace
 
 int RunDmaBench(const DmaBenchOptions& o) {
   auto fail = [](const std::string& what) {
     std::fprintf(stderr, "cxlrt bench dma: %s\n", what.c_str());
     return 1;
   };
-  if (!collectives::DevicesAvailable()) {
-    return fail("needs a GPU: " + collectives::DevicesUnavailableReason());
-  }
   const uint64_t bytes = o.max_bytes;
-  auto scratch = ScratchPool::Create(
-      o.uri.empty() ? absl::StrCat("emu://bench-dma-", getpid()) : o.uri, 2 * bytes + (256 << 20));
-  if (!scratch.ok()) return fail(scratch.status().ToString());
-  auto host = AttachHost((*scratch)->open_uri(), AnySlot());
-  if (!host.ok()) return fail(host.status().ToString());
-  runtime::Pool& pool = *host->pool;
-  uint8_t* base = pool.backend().base();
-  auto a = host->alloc->Allocate(bytes, {.alignment = 4096});
-  auto b = host->alloc->Allocate(bytes, {.alignment = 4096});
-  if (!a.ok() || !b.ok()) return fail("pool buffers: " + (a.ok() ? b : a).status().ToString());
-  uint8_t* pool_a = base + *a;
-  uint8_t* pool_b = base + *b;
-  std::memset(pool_a, 1, bytes);  // fault the pages in
-  std::memset(pool_b, 1, bytes);
-  auto engine = collectives::MakeDeviceEngine(pool.coherence(), base, pool.size());
-  if (!engine.ok()) return fail(engine.status().ToString());
+  auto gpu = MakeGpuPool(o.uri, "dma", bytes);
+  if (!gpu.ok()) return fail(std::string(gpu.status().message()));
+  uint8_t* pool_a = gpu->a;
+  uint8_t* pool_b = gpu->b;
   auto dev_a = collectives::DeviceAlloc(bytes);
   auto dev_b = collectives::DeviceAlloc(bytes);
   auto pin_a = collectives::PinnedAlloc(bytes);
@@ -94,6 +126,71 @@ int RunDmaBench(const DmaBenchOptions& o) {
   collectives::DeviceFree(*dev_b);
   collectives::PinnedFree(*pin_a);
   collectives::PinnedFree(*pin_b);
+  return 0;
+}
+
+int RunDoorbellBench(const DoorbellBenchOptions& o) {
+  auto fail = [](const std::string& what) {
+    std::fprintf(stderr, "cxlrt bench doorbell: %s\n", what.c_str());
+    return 1;
+  };
+  if (o.min_bytes < 8 || o.min_bytes % 8 != 0 || o.max_bytes < o.min_bytes || o.factor < 2) {
+    return fail("sizes must be multiples of 8 bytes, -b <= -e, and -f at least 2");
+  }
+  const uint64_t bytes = o.max_bytes;
+  auto gpu = MakeGpuPool(o.uri, "doorbell", bytes);
+  if (!gpu.ok()) return fail(std::string(gpu.status().message()));
+  // The flags on lines (and prefetch pairs) of their own.
+  auto* flag_a = reinterpret_cast<uint64_t*>(gpu->flags);
+  auto* flag_b = reinterpret_cast<uint64_t*>(gpu->flags + 256);
+  auto dev = collectives::DeviceAlloc(bytes);
+  auto pin = collectives::PinnedAlloc(bytes);
+  if (!dev.ok() || !pin.ok()) return fail("buffers");
+
+  if (!o.json) {
+    std::printf("# cxlrt bench doorbell: %s", collectives::DescribeDevices(nullptr, 0).c_str());
+    std::printf(
+        "# us per hop (device -> pool, doorbell, pool -> device), median of %d runs of %d "
+        "round trips; copies: the GPU time of the hop's two copies alone\n",
+        o.reps, o.rounds);
+    std::printf("%10s %9s", "size", "copies");
+    for (collectives::Doorbell d : collectives::kDoorbells) {
+      std::printf(" %9s", collectives::DoorbellName(d));
+    }
+    std::printf(" %7s\n", "#wrong");
+  }
+  for (uint64_t n = o.min_bytes; n <= o.max_bytes; n *= o.factor) {
+    auto out = collectives::TimeCopies(*pin, *dev, n, 20);
+    auto in = collectives::TimeCopies(*dev, *pin, n, 20);
+    const double copies_us = out.ok() && in.ok() ? (*out + *in) * 1e6 : 0;
+    nlohmann::json j = {{"bytes", n}, {"copies_us", copies_us}};
+    uint64_t wrong = 0;
+    std::string line = absl::StrFormat("%10lu %9.2f", static_cast<unsigned long>(n), copies_us);
+    for (collectives::Doorbell d : collectives::kDoorbells) {
+      auto t = collectives::TimePingPong(d, gpu->a, gpu->b, flag_a, flag_b, n, o.rounds, o.reps);
+      const std::string name = collectives::DoorbellName(d);
+      if (t.ok()) {
+        wrong += t->wrong_bytes;
+        j[name + "_us"] = t->hop_seconds * 1e6;
+        line += absl::StrFormat(" %9.2f", t->hop_seconds * 1e6);
+      } else {
+        j[name + "_error"] = t.status().ToString();
+        line += absl::StrFormat(" %9s", "n/a");
+        std::fprintf(stderr, "# %s at %lu bytes: %s\n", name.c_str(), static_cast<unsigned long>(n),
+                     t.status().ToString().c_str());
+      }
+    }
+    j["wrong_bytes"] = wrong;
+    if (o.json) {
+      std::printf("%s\n", j.dump().c_str());
+    } else {
+      std::printf("%s %7lu\n", line.c_str(), static_cast<unsigned long>(wrong));
+    }
+    std::fflush(stdout);
+    if (n > o.max_bytes / o.factor) break;  // no overflow past the last size
+  }
+  collectives::DeviceFree(*dev);
+  collectives::PinnedFree(*pin);
   return 0;
 }
 

@@ -20,4 +20,21 @@ struct DmaBenchOptions {
 
 int RunDmaBench(const DmaBenchOptions& options);
 
+// `cxlrt bench doorbell`: per size, the one-way latency of a hop through the
+// pool (device -> pool copy, the doorbell, pool -> device copy) with each
+// way of ringing and hearing a doorbell (collectives::Doorbell), beside the
+// GPU time of the hop's two copies alone (the floor), and the bytes that
+// came back wrong. Makes its own pool. Needs a GPU.
+struct DoorbellBenchOptions {
+  std::string uri;  // a pool that does not exist yet; "": emu://bench-doorbell-PID
+  uint64_t min_bytes = 8;
+  uint64_t max_bytes = 1 << 20;
+  uint64_t factor = 8;
+  int rounds = 200;  // round trips per run
+  int reps = 5;      // runs per size and doorbell (median)
+  bool json = false;
+};
+
+int RunDoorbellBench(const DoorbellBenchOptions& options);
+
 }  // namespace cxlrt::bench

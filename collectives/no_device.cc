@@ -37,4 +37,9 @@ absl::StatusOr<double> TimeCopies(void*, const void*, size_t, int, void*, const 
   return NoDevice();
 }
 
+absl::StatusOr<PingPongTimes> TimePingPong(Doorbell, uint8_t*, uint8_t*, uint64_t*, uint64_t*,
+                                           size_t, int, int) {
+  return NoDevice();
+}
+
 }  // namespace cxlrt::collectives

@@ -7,10 +7,12 @@
 #      each with its own context), the Python side's GPU tests
 #      (python/tests/gpu: CUDA tensors, the torch backend), and cxlrt doctor;
 #   3. the benchmarks: pool <-> device DMA beside pinned cudaMemcpy and the
-#      device-to-device rate (the limits); KV BatchPut/BatchGet of 16 KiB-2
+#      device-to-device rate (the limits); the latency of a hop through the
+#      pool per way of ringing a doorbell; KV BatchPut/BatchGet of 16 KiB-2
 #      MiB blocks from and into device memory; 2- and 4-rank all-reduce and
 #      all-gather on device buffers (busbw, #wrong) under MPS, with the
-#      staged/mapped reductions and chunk sizes side by side.
+#      staged/mapped reductions, chunk sizes and pipeline depths side by
+#      side.
 # Everything goes to $OUT (default ./gpu-out); a short summary is printed
 # last. Each step has its own time limit, so one hang does not cost the rest.
 set -uo pipefail
@@ -71,6 +73,7 @@ step gpu_test 240 "$bin/gpu_test" --gtest_brief=1
 step python_gpu 420 env PYTHONPATH="$pypath" TORCH_EXTENSIONS_DIR="$LOG/torch_ext" \
   python3 -m pytest -q -p no:cacheprovider python/tests/gpu
 step dma 60 "$bin/cxlrt" bench dma -b 64K -e 256M
+step doorbell 90 "$bin/cxlrt" bench doorbell -b 8 -e 1M -f 8
 step kv 90 "$bin/cxlrt" bench kv --device --hosts 2 --reps 3 --working-set 512M --batch 32
 step kv_kernel 90 env CXLRT_CUDA_KV_COPY=kernel "$bin/cxlrt" bench kv --device --hosts 2 --reps 3 \
   --working-set 512M --batch 32
@@ -95,20 +98,29 @@ for c in 1048576 2097152 4194304; do
   step "allreduce_2_chunk$c" 60 env CXLRT_COMM_CHUNK_BYTES=$c "$bin/cxlrt" bench allreduce --device \
     --ranks 2 -b 4M -e 256M -f 4 -n 10 -w 3
 done
+# 4 ranks: deeper pipelines and larger chunks (slots of 8 MiB) against the
+# default, at the sizes where the target is read.
+big=(--ranks 4 -b 16M -e 256M -f 4 -n 10 -w 3)
+step allreduce_4_depth6 60 env CXLRT_COMM_DEPTH=6 "$bin/cxlrt" bench allreduce --device "${big[@]}"
+step allreduce_4_depth8 60 env CXLRT_COMM_DEPTH=8 "$bin/cxlrt" bench allreduce --device "${big[@]}"
+step allreduce_4_chunk8M 60 env CXLRT_COMM_SLOT_BYTES=8388608 CXLRT_COMM_CHUNK_BYTES=8388608 \
+  "$bin/cxlrt" bench allreduce --device "${big[@]}"
 [[ $mps == 1 ]] && echo quit | nvidia-cuda-mps-control
 step allreduce_host2 40 "$bin/cxlrt" bench allreduce --ranks 2 "${coll[@]}"
 
 # $OUT: the logs in one archive, and the tables read most beside it.
 tar -C "$LOG" -czf "$OUT/all-logs.tgz" .
-cp "$LOG/dma.txt" "$LOG/kv.txt" "$LOG/gpu_test.txt" "$OUT/" 2>/dev/null
+cp "$LOG/dma.txt" "$LOG/doorbell.txt" "$LOG/kv.txt" "$LOG/gpu_test.txt" "$OUT/" 2>/dev/null
 echo
 echo "== summary"
 printf '%s\n' "${summary[@]}"
 echo "== dma"; tail -7 "$LOG/dma.txt"
 echo "== kv"; tail -9 "$LOG/kv.txt"
 echo "== kv_kernel"; tail -9 "$LOG/kv_kernel.txt"
+echo "== doorbell"; grep -v '^# cxlrt' "$LOG/doorbell.txt" | tail -9
 for f in allreduce_2_nomps allreduce_2 allreduce_4 allgather_2 allgather_4 allreduce_2_mapped \
-  allreduce_2_chunk1048576 allreduce_2_chunk2097152 allreduce_2_chunk4194304 allreduce_host2; do
+  allreduce_2_chunk1048576 allreduce_2_chunk2097152 allreduce_2_chunk4194304 \
+  allreduce_4_depth6 allreduce_4_depth8 allreduce_4_chunk8M allreduce_host2; do
   echo "== $f"; grep -v '^#' "$LOG/$f.txt" | grep -v '^ *device' | tail -7 | cut -c1-112
 done
 echo "== gpu_test"; grep -E "FAILED|PASSED|SKIPPED|Failure|rank [0-9]" "$LOG/gpu_test.txt" | head -20

@@ -243,6 +243,25 @@ int main(int argc, char** argv) {
   bench_dma->add_option("--pool", dma.uri, "URI of a pool to create (default emu://bench-dma-PID)");
   bench_dma->add_flag("--json", json, "One JSON object per size");
 
+  bench::DoorbellBenchOptions bell;
+  std::string bell_min = "8", bell_max = "1M";
+  CLI::App* bench_bell = bench->add_subcommand(
+      "doorbell",
+      "Latency of a hop through the pool from device memory to device memory, per way of "
+      "ringing the peer's doorbell (host, copy engine, kernel, stream memory operation). "
+      "Needs a GPU");
+  bench_bell->add_option("-b,--minbytes", bell_min, "Smallest size (B, K, M, G; multiple of 8)");
+  bench_bell->add_option("-e,--maxbytes", bell_max, "Largest size");
+  bench_bell->add_option("-f,--stepfactor", bell.factor, "Size multiplier")
+      ->check(CLI::Range(2, 1024));
+  bench_bell->add_option("-n,--rounds", bell.rounds, "Round trips per run")
+      ->check(CLI::Range(1, 100000));
+  bench_bell->add_option("--reps", bell.reps, "Runs per size and doorbell (median)")
+      ->check(CLI::Range(1, 1000));
+  bench_bell->add_option("--pool", bell.uri,
+                         "URI of a pool to create (default emu://bench-doorbell-PID)");
+  bench_bell->add_flag("--json", json, "One JSON object per size");
+
   CLI::App* doctor = app.add_subcommand("doctor", "What this machine offers: NUMA, CXL, DAX, CUDA");
   doctor->add_flag("--json", json, "Machine-readable output");
 
@@ -342,16 +361,27 @@ int main(int argc, char** argv) {
     ceiling.json = json;
     return bench::RunCeilingProbe(ceiling);
   }
-  if (*bench_dma) {
-    auto lo = runtime::ParseByteSize(dma_min, "-b");
-    auto hi = runtime::ParseByteSize(dma_max, "-e");
-    if (!lo.ok() || !hi.ok() || *lo == 0 || *hi < *lo) {
-      std::fprintf(stderr, "cxlrt bench dma: bad -b/-e (%s, %s)\n", dma_min.c_str(),
-                   dma_max.c_str());
-      return 2;
+  // -b/-e of the GPU benchmarks: false (after saying why) when they do not parse.
+  auto size_range = [](const char* cmd, const std::string& lo_text, const std::string& hi_text,
+                       uint64_t* lo, uint64_t* hi) {
+    auto l = runtime::ParseByteSize(lo_text, "-b");
+    auto h = runtime::ParseByteSize(hi_text, "-e");
+    if (!l.ok() || !h.ok() || *l == 0 || *h < *l) {
+      std::fprintf(stderr, "cxlrt bench %s: bad -b/-e (%s, %s)\n", cmd, lo_text.c_str(),
+                   hi_text.c_str());
+      return false;
     }
-    dma.min_bytes = *lo;
-    dma.max_bytes = *hi;
+    *lo = *l;
+    *hi = *h;
+    return true;
+  };
+  if (*bench_bell) {
+    if (!size_range("doorbell", bell_min, bell_max, &bell.min_bytes, &bell.max_bytes)) return 2;
+    bell.json = json;
+    return bench::RunDoorbellBench(bell);
+  }
+  if (*bench_dma) {
+    if (!size_range("dma", dma_min, dma_max, &dma.min_bytes, &dma.max_bytes)) return 2;
     dma.json = json;
     return bench::RunDmaBench(dma);
   }

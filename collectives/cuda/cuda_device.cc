@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "collectives/cuda/driver.h"
 #include "collectives/cuda/kernels.h"
 #include "collectives/device.h"
 #include "runtime/config.h"
@@ -380,8 +381,7 @@ class CudaEngine final : public DeviceEngine {
   absl::Status WaitDoneOn(void* stream, uint64_t seq) override {
     auto s = static_cast<cudaStream_t>(stream);
     if (wait_value_ != nullptr) {
-      // CU_STREAM_WAIT_VALUE_GEQ (0): (int64_t)(*addr - seq) >= 0.
-      if (wait_value_(s, reinterpret_cast<uint64_t>(done_dev_), seq, 0) == 0) {
+      if (wait_value_(s, reinterpret_cast<uint64_t>(done_dev_), seq, cuda::kWaitValueGeq) == 0) {
         return absl::OkStatus();
       }
       CXLRT_LOG(kWarning) << "cuStreamWaitValue64 refused: streams wait on a polling kernel";
@@ -446,15 +446,7 @@ class CudaEngine final : public DeviceEngine {
       return Failed("cudaHostGetDevicePointer", e);
     }
     done_dev_ = static_cast<uint64_t*>(dev);
-    // The driver's stream wait, without linking the driver library.
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue64", &fn, 12000, cudaEnableDefault,
-                                         &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess) {
-      wait_value_ = reinterpret_cast<WaitValue64>(fn);
-    }
-    (void)cudaGetLastError();
+    wait_value_ = cuda::StreamWaitValue64();
     return absl::OkStatus();
   }
 
@@ -537,16 +529,39 @@ class CudaEngine final : public DeviceEngine {
   uint64_t marks_ = 0;                   // guarded by mark_mu_
   std::atomic<uint64_t> marks_used_{0};  // by the proxy
   cudaEvent_t mark_events_[kMarks] = {};
-  uint64_t* done_host_ = nullptr;  // pinned; the proxy stores, streams wait
-  uint64_t* done_dev_ = nullptr;   // its device address
-  using WaitValue64 = int (*)(cudaStream_t, uint64_t, uint64_t, unsigned);
-  WaitValue64 wait_value_ = nullptr;  // cuStreamWaitValue64, when the driver has it
-  absl::Status error_;                // the first error: the engine is unusable after it
+  uint64_t* done_host_ = nullptr;               // pinned; the proxy stores, streams wait
+  uint64_t* done_dev_ = nullptr;                // its device address
+  cuda::StreamValue64Fn wait_value_ = nullptr;  // cuStreamWaitValue64, when the driver has it
+  absl::Status error_;                          // the first error: the engine is unusable after it
 };
 
 absl::Status NoDevice() { return absl::UnavailableError(absl::StrCat("no GPU: ", Probe().reason)); }
 
+cuda::StreamValue64Fn DriverCall(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  const bool found =
+      cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+      q == cudaDriverEntryPointSuccess;
+  (void)cudaGetLastError();
+  return found ? reinterpret_cast<cuda::StreamValue64Fn>(fn) : nullptr;
+}
+
 }  // namespace
+
+namespace cuda {
+
+StreamValue64Fn StreamWaitValue64() {
+  static const StreamValue64Fn fn = DriverCall("cuStreamWaitValue64");
+  return fn;
+}
+
+StreamValue64Fn StreamWriteValue64() {
+  static const StreamValue64Fn fn = DriverCall("cuStreamWriteValue64");
+  return fn;
+}
+
+}  // namespace cuda
 
 bool DevicesAvailable() { return Probe().available; }
 std::string DevicesUnavailableReason() { return Probe().reason; }

@@ -213,8 +213,16 @@ __global__ void GatherKernel(GatherArgs a) {
   for (size_t i = done + threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
 }
 
-__global__ void WaitWordKernel(const volatile uint64_t* word, uint64_t value) {
-  while (*word < value) __nanosleep(1000);
+__global__ void WaitWordKernel(const volatile uint64_t* word, uint64_t value, unsigned poll_ns) {
+  while (*word < value) {
+    if (poll_ns != 0) __nanosleep(poll_ns);
+  }
+}
+
+__global__ void RingWordKernel(volatile uint64_t* word, uint64_t value) {
+  __threadfence_system();
+  *word = value;
+  __threadfence_system();
 }
 
 }  // namespace
@@ -235,8 +243,14 @@ cudaError_t LaunchGather(const GatherArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-cudaError_t LaunchWaitWord(const uint64_t* word, uint64_t value, cudaStream_t stream) {
-  WaitWordKernel<<<1, 1, 0, stream>>>(word, value);
+cudaError_t LaunchWaitWord(const uint64_t* word, uint64_t value, cudaStream_t stream,
+                           unsigned poll_ns) {
+  WaitWordKernel<<<1, 1, 0, stream>>>(word, value, poll_ns);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRingWord(uint64_t* word, uint64_t value, cudaStream_t stream) {
+  RingWordKernel<<<1, 1, 0, stream>>>(word, value);
   return cudaGetLastError();
 }
 

@@ -57,8 +57,16 @@ struct GatherArgs {
 };
 cudaError_t LaunchGather(const GatherArgs& a, cudaStream_t stream);
 
-// A one-thread kernel that returns once *word >= value (the word is pinned
-// host memory the proxy thread writes). See DeviceEngine::WaitDoneOn.
-cudaError_t LaunchWaitWord(const uint64_t* word, uint64_t value, cudaStream_t stream);
+// A one-thread kernel that returns once *word >= value (pinned host memory
+// or the mapped pool: the proxy's done word of DeviceEngine::WaitDoneOn, a
+// doorbell of TimePingPong), sleeping `poll_ns` between loads (0: spins).
+cudaError_t LaunchWaitWord(const uint64_t* word, uint64_t value, cudaStream_t stream,
+                           unsigned poll_ns = 1000);
+
+// A one-thread kernel that stores `value` to *word (a doorbell in the
+// mapped pool) after a system-scope fence, so that a reader that sees the
+// value sees the stream's earlier writes (CUDA orders the kernel after
+// them).
+cudaError_t LaunchRingWord(uint64_t* word, uint64_t value, cudaStream_t stream);
 
 }  // namespace cxlrt::collectives::cuda

@@ -41,6 +41,12 @@ TEST(DeviceTest, WithoutAGpuEveryDeviceCallSaysWhy) {
   EXPECT_EQ(StreamCreate().status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(DeviceCopy(nullptr, nullptr, 0).code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(DescribeDevices(nullptr, 0).find("no device"), std::string::npos);
+  uint64_t flags[64] = {};
+  for (Doorbell d : kDoorbells) {
+    EXPECT_EQ(TimePingPong(d, nullptr, nullptr, flags, flags + 32, 8, 1, 1).status().code(),
+              absl::StatusCode::kUnavailable)
+        << DoorbellName(d);
+  }
 }
 
 TEST(DeviceTest, WithAGpuDeviceMemoryIsToldApart) {

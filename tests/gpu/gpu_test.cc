@@ -569,6 +569,53 @@ TEST_P(GpuTest, ARankKilledMidTransferAbortsTheOthersNamingIt) {
       [](int r) { return r == 2 ? runtime::kFaultExitCode : 0; }, o);
 }
 
+// Every way of ringing a doorbell (collectives::Doorbell) carries the
+// bytes: a ping-pong through the pool gets the last round's bytes back
+// exactly, at one word and at a page. Only the stream memory operations may
+// be missing from a driver, and then say so.
+TEST(GpuDoorbellTest, EveryDoorbellDeliversTheBytesBehindIt) {
+  SKIP_WITHOUT_GPU();
+  ::cxlrt::testing::TempDir dir;
+  const std::string create = ::cxlrt::testing::PoolUri(dir, "", "64M");
+  ASSERT_TRUE(runtime::Pool::Create(create).ok());
+  char* err = static_cast<char*>(
+      mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  std::memset(err, 0, 4096);
+  pid_t pid = Spawn([&]() -> int {
+    auto h = ::cxlrt::testing::AttachTestHost(::cxlrt::testing::OpenUri(create), {});
+    std::string e;
+    if (!h.ok()) {
+      e = h.status().ToString();
+    } else {
+      runtime::Pool& pool = h->alloc->pool();
+      uint8_t* base = pool.backend().base();
+      auto a = h->alloc->Allocate(1 << 20, {.alignment = 4096});
+      auto b = h->alloc->Allocate(1 << 20, {.alignment = 4096});
+      auto f = h->alloc->Allocate(4096, {.alignment = 4096});
+      auto engine = collectives::MakeDeviceEngine(pool.coherence(), base, pool.size());
+      if (!a.ok() || !b.ok() || !f.ok() || !engine.ok()) e = "setup failed";
+      auto* flag_a = reinterpret_cast<uint64_t*>(base + (f.ok() ? *f : 0));
+      for (collectives::Doorbell d : collectives::kDoorbells) {
+        for (size_t n : {size_t{8}, size_t{4096}, size_t{1} << 20}) {
+          if (!e.empty()) break;
+          auto t = collectives::TimePingPong(d, base + *a, base + *b, flag_a, flag_a + 32, n, 7, 2);
+          if (!t.ok() && !(d == collectives::Doorbell::kMemop &&
+                           t.status().code() == absl::StatusCode::kUnavailable)) {
+            e = absl::StrCat(collectives::DoorbellName(d), " at ", n, ": ", t.status().ToString());
+          } else if (t.ok() && t->wrong_bytes != 0) {
+            e = absl::StrCat(collectives::DoorbellName(d), " at ", n, ": ", t->wrong_bytes,
+                             " bytes came back wrong");
+          }
+        }
+      }
+    }
+    std::snprintf(err, 4095, "%s", e.c_str());
+    return e.empty() ? 0 : 1;
+  });
+  EXPECT_EQ(WaitExit(pid, absl::Seconds(120)), 0) << err;
+  munmap(err, 4096);
+}
+
 INSTANTIATE_TEST_SUITE_P(Domains, GpuTest,
                          ::testing::Values(CoherenceDomain::kHardware, CoherenceDomain::kSimulated),
                          [](const auto& info) {

@@ -367,6 +367,33 @@ TEST(CliTest, BenchKvPrintsThroughputAndLookupLatencyWithNothingWrong) {
   EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "the benchmark left its pool behind";
 }
 
+// The GPU benchmarks run where a GPU is (every doorbell's bytes come back
+// right) and elsewhere say why not, with exit code 1.
+TEST(CliTest, GpuBenchmarksRunOrSayWhyNot) {
+  TempDir dir;
+  for (const std::string args :
+       {"bench doorbell --json -b 8 -e 4K -n 3 --reps 1", "bench dma --json -b 64K -e 64K -n 2"}) {
+    Result r = Cxlrt(args + " --pool " + Quote(PoolUri(dir, "", "1G")));
+    if (r.code == 1) {
+      EXPECT_NE(r.out.find("needs a GPU: "), std::string::npos) << args << "\n" << r.out;
+      continue;
+    }
+    ASSERT_EQ(r.code, 0) << args << "\n" << r.out;
+    std::istringstream lines(r.out);
+    int rows = 0;
+    for (std::string line; std::getline(lines, line);) {
+      if (line.empty() || line[0] != '{') continue;
+      auto j = nlohmann::json::parse(line);
+      if (j.contains("wrong_bytes")) {
+        EXPECT_EQ(j["wrong_bytes"], 0) << line;
+      }
+      ++rows;
+    }
+    EXPECT_GT(rows, 0) << args << "\n" << r.out;
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "a benchmark left its pool behind";
+}
+
 TEST(CliTest, TheCeilingProbeRunsTwoRanksAndSumsRight) {
   // It exits non-zero on a wrong sum or a rank that stops answering.
   auto r = CxlrtStdout("bench ceiling -b 64K -e 1M -f 16 -n 3 -w 1 --chunk 256K --json");
