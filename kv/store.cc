@@ -565,19 +565,21 @@ absl::Status Store::Put(absl::string_view ns, absl::string_view key, const void*
                         size_t size) {
   CXLRT_RETURN_IF_ERROR(CheckName("key", key, kMaxKeyBytes));
   CXLRT_ASSIGN_OR_RETURN(uint32_t id, NamespaceId(ns, true));
-  if (auto kinds = KindsOf(&data, 1); !kinds.empty()) {
-    return DeviceBatchPut(id, ns, {PutItem{key, data, size, {}}}, kinds, {})[0];
+  if (collectives::KindOf(data) == collectives::MemoryKind::kDevice) {
+    return DeviceBatchPut(id, ns, {PutItem{key, data, size, {}}},
+                          {collectives::MemoryKind::kDevice}, {})[0];
   }
   const PutPart part{data, size};
   return PutOne(id, ns, key, {&part, 1});
 }
 
-std::vector<absl::Status> Store::BatchPut(absl::string_view ns, absl::Span<const PutItem> items) {
+std::vector<absl::Status> Store::BatchPut(absl::string_view ns, absl::Span<const PutItem> items,
+                                          const BatchOptions& options) {
   std::vector<absl::Status> out(items.size());
   auto id = NamespaceId(ns, true);
-  std::vector<bool> mixed;
-  if (auto kinds = ItemKinds(items, &mixed); id.ok() && !kinds.empty()) {
-    return DeviceBatchPut(*id, ns, items, kinds, mixed);
+  std::vector<absl::Status> refused;
+  if (auto kinds = ItemKinds(items, options.memory, &refused); id.ok() && !kinds.empty()) {
+    return DeviceBatchPut(*id, ns, items, kinds, refused);
   }
   uint64_t bytes = 0;
   for (const PutItem& it : items) {
@@ -778,21 +780,22 @@ absl::StatusOr<size_t> Store::Get(absl::string_view ns, absl::string_view key, v
   CXLRT_RETURN_IF_ERROR(CheckName("key", key, kMaxKeyBytes));
   auto id = NamespaceId(ns, false);
   if (!id.ok()) return id.status();
-  const void* p = dst;
-  if (auto kinds = KindsOf(&p, 1); !kinds.empty()) {
-    return DeviceBatchGet(*id, {GetItem{key, dst, capacity, {}}}, kinds, {})[0];
+  if (collectives::KindOf(dst) == collectives::MemoryKind::kDevice) {
+    return DeviceBatchGet(*id, {GetItem{key, dst, capacity, {}}},
+                          {collectives::MemoryKind::kDevice}, {})[0];
   }
   const GetPart part{dst, capacity};
   return GetOne(*id, key, {&part, 1}, /*exact=*/false);
 }
 
 std::vector<absl::StatusOr<size_t>> Store::BatchGet(absl::string_view ns,
-                                                    absl::Span<const GetItem> items) {
+                                                    absl::Span<const GetItem> items,
+                                                    const BatchOptions& options) {
   std::vector<absl::StatusOr<size_t>> out(items.size(), absl::UnknownError("not run"));
   auto id = NamespaceId(ns, false);
-  std::vector<bool> mixed;
-  if (auto kinds = ItemKinds(items, &mixed); id.ok() && !kinds.empty()) {
-    return DeviceBatchGet(*id, items, kinds, mixed);
+  std::vector<absl::Status> refused;
+  if (auto kinds = ItemKinds(items, options.memory, &refused); id.ok() && !kinds.empty()) {
+    return DeviceBatchGet(*id, items, kinds, refused);
   }
   uint64_t bytes = 0;
   for (const GetItem& it : items) {
@@ -898,48 +901,44 @@ void Store::CountHit(uint32_t ns, uint32_t partition, uint32_t index, uint64_t g
 
 // --- GPU memory ---
 
-std::vector<collectives::MemoryKind> Store::KindsOf(const void* const* ptrs, size_t n) {
-  std::vector<collectives::MemoryKind> kinds;
-  if (!collectives::DevicesAvailable()) return kinds;
-  bool any = false;
-  kinds.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    kinds[i] = collectives::KindOf(ptrs[i]);
-    any = any || kinds[i] == collectives::MemoryKind::kDevice;
-  }
-  if (!any) kinds.clear();
-  return kinds;
-}
-
 template <typename Item>
 std::vector<collectives::MemoryKind> Store::ItemKinds(absl::Span<const Item> items,
-                                                      std::vector<bool>* mixed) {
-  if (!collectives::DevicesAvailable()) return {};  // every pointer is host memory
-  std::vector<const void*> ptrs;
-  std::vector<size_t> first(items.size() + 1);  // item i's pointers: [first[i], first[i+1])
+                                                      std::optional<collectives::MemoryKind> told,
+                                                      std::vector<absl::Status>* refused) {
+  using collectives::MemoryKind;
+  const bool devices = collectives::DevicesAvailable();
+  if (!devices && told != MemoryKind::kDevice) return {};  // every pointer is host memory
+  std::vector<MemoryKind> kinds(items.size(), MemoryKind::kHost);
+  refused->assign(items.size(), absl::OkStatus());
+  bool device_path = false;
   for (size_t i = 0; i < items.size(); ++i) {
-    first[i] = ptrs.size();
-    if (items[i].parts.empty()) {
+    const Item& it = items[i];
+    auto part = [&](size_t j) -> const void* {
+      if (!it.parts.empty()) return it.parts[j].data;
       if constexpr (std::is_same_v<Item, PutItem>) {
-        ptrs.push_back(items[i].data);
+        return it.data;
       } else {
-        ptrs.push_back(items[i].dst);
+        return it.dst;
+      }
+    };
+    const size_t n = it.parts.empty() ? 1 : it.parts.size();
+    if (told.has_value()) {
+      kinds[i] = *told;
+      if (devices && collectives::KindOf(part(0)) != kinds[i]) {
+        (*refused)[i] = absl::InvalidArgumentError(
+            absl::StrCat("key '", Printable(it.key), "' was said to be in ",
+                         kinds[i] == MemoryKind::kDevice ? "GPU" : "host",
+                         " memory, but its first part is not"));
+      }
+    } else if (devices) {
+      kinds[i] = collectives::KindOf(part(0));
+      for (size_t j = 1; j < n && (*refused)[i].ok(); ++j) {
+        if (collectives::KindOf(part(j)) != kinds[i]) (*refused)[i] = MixedParts(it.key);
       }
     }
-    for (const auto& p : items[i].parts) ptrs.push_back(p.data);
+    device_path = device_path || kinds[i] == MemoryKind::kDevice || !(*refused)[i].ok();
   }
-  first[items.size()] = ptrs.size();
-  std::vector<collectives::MemoryKind> all = KindsOf(ptrs.data(), ptrs.size());
-  if (all.empty()) return all;
-  std::vector<collectives::MemoryKind> kinds(items.size(), collectives::MemoryKind::kHost);
-  mixed->assign(items.size(), false);
-  for (size_t i = 0; i < items.size(); ++i) {
-    if (first[i] == first[i + 1]) continue;
-    kinds[i] = all[first[i]];
-    for (size_t j = first[i]; j < first[i + 1]; ++j) {
-      if (all[j] != kinds[i]) (*mixed)[i] = true;
-    }
-  }
+  if (!device_path) kinds.clear();
   return kinds;
 }
 
@@ -1024,7 +1023,7 @@ class CopyGroups {
 std::vector<absl::Status> Store::DeviceBatchPut(uint32_t ns, absl::string_view ns_name,
                                                 absl::Span<const PutItem> items,
                                                 const std::vector<collectives::MemoryKind>& kinds,
-                                                const std::vector<bool>& mixed) {
+                                                const std::vector<absl::Status>& refused) {
   std::vector<absl::Status> out(items.size());
   std::lock_guard<std::mutex> lock(device_mu_);
   auto dev = Device();
@@ -1056,8 +1055,8 @@ std::vector<absl::Status> Store::DeviceBatchPut(uint32_t ns, absl::string_view n
       out[i] = st;
       continue;
     }
-    if (!mixed.empty() && mixed[i]) {
-      out[i] = MixedParts(it.key);
+    if (!refused.empty() && !refused[i].ok()) {
+      out[i] = refused[i];
       continue;
     }
     PutPart one;
@@ -1088,7 +1087,7 @@ std::vector<absl::Status> Store::DeviceBatchPut(uint32_t ns, absl::string_view n
 // entry being evicted is read on its own, as Get does.
 std::vector<absl::StatusOr<size_t>> Store::DeviceBatchGet(
     uint32_t ns, absl::Span<const GetItem> items, const std::vector<collectives::MemoryKind>& kinds,
-    const std::vector<bool>& mixed) {
+    const std::vector<absl::Status>& refused) {
   std::vector<absl::StatusOr<size_t>> out(items.size(), absl::UnknownError("not run"));
   std::lock_guard<std::mutex> lock(device_mu_);
   auto dev = Device();
@@ -1123,8 +1122,8 @@ std::vector<absl::StatusOr<size_t>> Store::DeviceBatchGet(
       out[i] = st;
       continue;
     }
-    if (!mixed.empty() && mixed[i]) {
-      out[i] = MixedParts(it.key);
+    if (!refused.empty() && !refused[i].ok()) {
+      out[i] = refused[i];
       continue;
     }
     GetPart one;

@@ -115,6 +115,16 @@ struct GetItem {
   absl::Span<const GetPart> parts;
 };
 
+struct BatchOptions {
+  // The memory kind of every buffer of the batch, when the caller knows it
+  // (as UCX's memory_type). Unset, the store asks CUDA about every buffer
+  // and part (cudaPointerGetAttributes: a paged block of 80 layers is 160
+  // calls). Set, it asks about each item's first buffer only: an item
+  // whose first buffer is of another kind is kInvalidArgument, GPU memory
+  // where no GPU is usable kUnavailable. The rest are taken to be of it.
+  std::optional<collectives::MemoryKind> memory;
+};
+
 struct NamespaceStats {
   std::string name;
   uint64_t quota = 0;  // 0: none
@@ -168,7 +178,8 @@ class Store {
   absl::Status Put(absl::string_view ns, absl::string_view key, const void* data, size_t size);
   // Put of each item; one status per item.
   // Items of a batch of 1 MiB or more are put on `copy_threads` threads.
-  std::vector<absl::Status> BatchPut(absl::string_view ns, absl::Span<const PutItem> items);
+  std::vector<absl::Status> BatchPut(absl::string_view ns, absl::Span<const PutItem> items,
+                                     const BatchOptions& options = {});
 
   // Copies the value of (ns, key) into dst and returns its size. kNotFound
   // (dst's bytes are then unspecified: a copy that raced an eviction may
@@ -177,7 +188,8 @@ class Store {
   absl::StatusOr<size_t> Get(absl::string_view ns, absl::string_view key, void* dst,
                              size_t capacity);
   std::vector<absl::StatusOr<size_t>> BatchGet(absl::string_view ns,
-                                               absl::Span<const GetItem> items);
+                                               absl::Span<const GetItem> items,
+                                               const BatchOptions& options = {});
   // The value size of (ns, key), or kNotFound.
   absl::StatusOr<uint64_t> ValueSize(absl::string_view ns, absl::string_view key);
   absl::StatusOr<bool> Contains(absl::string_view ns, absl::string_view key);
@@ -260,21 +272,21 @@ class Store {
 
   // GPU memory (docs/gpu.md, "KV blocks"): batches whose buffers are
   // device memory run here, their copies pipelined on the CUDA engine.
-  // The memory kind of each pointer; empty when none is device memory.
-  std::vector<collectives::MemoryKind> KindsOf(const void* const* ptrs, size_t n);
-  // The memory kind of each item (of its first part); empty when none is
-  // device memory. An item whose parts mix kinds gets `mixed` set.
+  // The memory kind of each item (`told`, or of its first part); empty
+  // when no item is device memory and none is refused. `refused` gets an
+  // error for an item whose parts mix kinds or are not of the told kind.
   template <typename Item>
   std::vector<collectives::MemoryKind> ItemKinds(absl::Span<const Item> items,
-                                                 std::vector<bool>* mixed);
+                                                 std::optional<collectives::MemoryKind> told,
+                                                 std::vector<absl::Status>* refused);
   absl::StatusOr<collectives::DeviceEngine*> Device();  // REQUIRES: device_mu_
   std::vector<absl::Status> DeviceBatchPut(uint32_t ns, absl::string_view ns_name,
                                            absl::Span<const PutItem> items,
                                            const std::vector<collectives::MemoryKind>& kinds,
-                                           const std::vector<bool>& mixed);
+                                           const std::vector<absl::Status>& refused);
   std::vector<absl::StatusOr<size_t>> DeviceBatchGet(
       uint32_t ns, absl::Span<const GetItem> items,
-      const std::vector<collectives::MemoryKind>& kinds, const std::vector<bool>& mixed);
+      const std::vector<collectives::MemoryKind>& kinds, const std::vector<absl::Status>& refused);
   // A hit of (partition, index, gen): counted, and touched when it is ours.
   void CountHit(uint32_t ns, uint32_t partition, uint32_t index, uint64_t gen);
   void Count(std::atomic<uint64_t>* counter, uint32_t ns);

@@ -373,9 +373,10 @@ class Store:
                         segments: Sequence[tuple[int, int, int]]) -> list:
         """Paged caches (a KV cache, one tensor per layer): key i's value is,
         for each segment (address, block stride, bytes) in order, the bytes
-        at address + blocks[i] * stride, copied straight into the pool (host
-        or GPU memory). The caller keeps that memory valid for the call. One
-        entry per item: None, or the Error of that item."""
+        at address + blocks[i] * stride, copied straight into the pool. The
+        segments are all host or all GPU memory (else InvalidArgumentError),
+        asked once each, not per page. The caller keeps that memory valid for
+        the call. One entry per item: None, or the Error of that item."""
         return self._s.batch_put_paged(ns, [_key(k) for k in keys], blocks, segments)
 
     def batch_get_paged(self, ns: str, keys: Sequence, blocks: Sequence[int],

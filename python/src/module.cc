@@ -468,21 +468,23 @@ py::object StatusToPy(const absl::Status& s) {
 
 // Runs a batch without the GIL; one entry per item: None or the error
 // (put), the value's size or the error (get).
-py::list RunBatchPut(kv::Store& s, const std::string& ns, const std::vector<kv::PutItem>& items) {
+py::list RunBatchPut(kv::Store& s, const std::string& ns, const std::vector<kv::PutItem>& items,
+                     const kv::BatchOptions& options = {}) {
   std::vector<absl::Status> r;
   {
     py::gil_scoped_release nogil;
-    r = s.BatchPut(ns, items);
+    r = s.BatchPut(ns, items, options);
   }
   py::list out(r.size());
   for (size_t i = 0; i < r.size(); ++i) out[i] = StatusToPy(r[i]);
   return out;
 }
-py::list RunBatchGet(kv::Store& s, const std::string& ns, const std::vector<kv::GetItem>& items) {
+py::list RunBatchGet(kv::Store& s, const std::string& ns, const std::vector<kv::GetItem>& items,
+                     const kv::BatchOptions& options = {}) {
   std::vector<absl::StatusOr<size_t>> r;
   {
     py::gil_scoped_release nogil;
-    r = s.BatchGet(ns, items);
+    r = s.BatchGet(ns, items, options);
   }
   py::list out(r.size());
   for (size_t i = 0; i < r.size(); ++i) {
@@ -513,18 +515,30 @@ std::vector<Item> PtrItems(const std::vector<std::string>& keys, const std::vect
 
 // Paged items (a paged KV cache): item i's value is, for each segment
 // (ptr, block_stride, nbytes) in order, the nbytes at ptr + blocks[i] *
-// block_stride: PtrItems with a part per segment.
+// block_stride: PtrItems with a part per segment. A segment is one tensor,
+// so its memory kind is asked once, not per page: *memory is set to it,
+// for the store to be told (BatchOptions).
 template <typename Item, typename Part, typename Ptr>
 std::vector<Item> PagedItems(const std::vector<std::string>& keys,
                              const std::vector<uint64_t>& blocks,
                              const std::vector<std::tuple<uintptr_t, uint64_t, size_t>>& segments,
-                             std::vector<Part>* parts) {
+                             std::vector<Part>* parts,
+                             std::optional<collectives::MemoryKind>* memory) {
   if (keys.size() != blocks.size()) {
     throw StatusError{absl::InvalidArgumentError(absl::StrCat(
         "keys and blocks differ in length (", keys.size(), " and ", blocks.size(), ")"))};
   }
   if (segments.empty()) {
     throw StatusError{absl::InvalidArgumentError("a paged value needs at least one segment")};
+  }
+  const auto kind_of = [](uintptr_t p) { return collectives::KindOf(reinterpret_cast<void*>(p)); };
+  const collectives::MemoryKind kind = kind_of(std::get<0>(segments[0]));
+  for (size_t j = 1; j < segments.size(); ++j) {
+    if (kind_of(std::get<0>(segments[j])) != kind) {
+      throw StatusError{absl::InvalidArgumentError(absl::StrCat(
+          "segments 0 and ", j, " are in different kinds of memory (GPU and host); a paged value ",
+          "is all in one"))};
+    }
   }
   std::vector<uintptr_t> ptrs;
   std::vector<size_t> sizes;
@@ -534,6 +548,7 @@ std::vector<Item> PagedItems(const std::vector<std::string>& keys,
       sizes.push_back(nbytes);
     }
   }
+  *memory = kind;
   return PtrItems<Item, Part, Ptr>(keys, ptrs, sizes, segments.size(), parts);
 }
 
@@ -883,9 +898,11 @@ PYBIND11_MODULE(_cxlrt, m) {
              const std::vector<std::tuple<uintptr_t, uint64_t, size_t>>& segments) {
             const std::vector<std::string> k(keys.begin(), keys.end());
             std::vector<kv::PutPart> parts;
-            return RunBatchPut(
-                st.s(), ns,
-                PagedItems<kv::PutItem, kv::PutPart, const void*>(k, blocks, segments, &parts));
+            kv::BatchOptions options;
+            return RunBatchPut(st.s(), ns,
+                               PagedItems<kv::PutItem, kv::PutPart, const void*>(
+                                   k, blocks, segments, &parts, &options.memory),
+                               options);
           },
           py::arg("ns"), py::arg("keys"), py::arg("blocks"), py::arg("segments"))
       .def(
@@ -895,9 +912,11 @@ PYBIND11_MODULE(_cxlrt, m) {
              const std::vector<std::tuple<uintptr_t, uint64_t, size_t>>& segments) {
             const std::vector<std::string> k(keys.begin(), keys.end());
             std::vector<kv::GetPart> parts;
-            return RunBatchGet(
-                st.s(), ns,
-                PagedItems<kv::GetItem, kv::GetPart, void*>(k, blocks, segments, &parts));
+            kv::BatchOptions options;
+            return RunBatchGet(st.s(), ns,
+                               PagedItems<kv::GetItem, kv::GetPart, void*>(k, blocks, segments,
+                                                                           &parts, &options.memory),
+                               options);
           },
           py::arg("ns"), py::arg("keys"), py::arg("blocks"), py::arg("segments"))
       .def(

@@ -513,10 +513,17 @@ TEST_P(GpuTest, PagedKvBlocksInDeviceMemoryAreGatheredAndScattered) {
         }
         items.push_back({keys[b], nullptr, 0, parts[b]});
       }
-      auto got = (*store)->BatchGet("paged", items);
+      // Told that the pages are GPU memory: no query per page.
+      auto got = (*store)->BatchGet("paged", items, {.memory = collectives::MemoryKind::kDevice});
       for (size_t b = 0; b < kStored; ++b) {
         if (!got[b].ok())
           return absl::StrCat("BatchGet ", keys[b], ": ", got[b].status().ToString());
+      }
+      // Told wrong: refused before anything is copied.
+      auto lie = (*store)->BatchGet("paged", absl::MakeConstSpan(items.data(), 1),
+                                    {.memory = collectives::MemoryKind::kHost});
+      if (lie[0].status().code() != absl::StatusCode::kInvalidArgument) {
+        return "pages said to be host memory: " + lie[0].status().ToString();
       }
       std::vector<uint8_t> back(total);
       if (!collectives::DeviceCopy(back.data(), d, total).ok()) return "copy out";

@@ -5,6 +5,7 @@
 // race evictions.
 #include "kv/store.h"
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "allocator/allocator.h"
+#include "collectives/device.h"
 #include "gtest/gtest.h"
 #include "kv/internal/eviction.h"
 #include "kv/internal/store_view.h"
@@ -244,6 +246,38 @@ TEST_P(StoreTest, ValuesInPartsAreGatheredAndScattered) {
   CXLRT_EXPECT_ERROR(res[0], absl::StatusCode::kInvalidArgument, "both a buffer and 4 parts");
   CXLRT_EXPECT_ERROR(b_.store->Get("paged", "block-1", whole.data(), whole.size()),
                      absl::StatusCode::kNotFound, "not in the store");
+  ExpectAuditClean(*a_.pool);
+}
+
+// A batch may say what kind of memory its buffers are (BatchOptions):
+// host memory said to be host is put and got as without it; memory said to
+// be GPU memory is refused without a usable GPU (kUnavailable), and with
+// one when it is not (kInvalidArgument). Nothing is stored or copied.
+TEST_P(StoreTest, ABatchToldItsMemoryKindIsTakenAtItsWordOrRefused) {
+  const std::vector<uint8_t> v = Value("told", 5000);
+  const BatchOptions host{.memory = collectives::MemoryKind::kHost};
+  const BatchOptions gpu{.memory = collectives::MemoryKind::kDevice};
+  std::vector<PutItem> puts = {{"told-host", v.data(), v.size(), {}}};
+  auto put = a_.store->BatchPut("kinds", puts, host);
+  CXLRT_ASSERT_OK(put[0]);
+  std::vector<uint8_t> got(v.size(), 0);
+  std::vector<GetItem> gets = {{"told-host", got.data(), got.size(), {}}};
+  auto res = b_.store->BatchGet("kinds", gets, host);
+  ASSERT_TRUE(res[0].ok()) << res[0].status();
+  EXPECT_EQ(got, v);
+
+  const auto wrong = collectives::DevicesAvailable() ? absl::StatusCode::kInvalidArgument
+                                                     : absl::StatusCode::kUnavailable;
+  const std::string why = collectives::DevicesAvailable() ? "said to be in GPU memory" : "";
+  puts = {{"told-gpu", v.data(), v.size(), {}}};
+  put = a_.store->BatchPut("kinds", puts, gpu);
+  CXLRT_EXPECT_ERROR(put[0], wrong, why);
+  CXLRT_EXPECT_ERROR(b_.store->Get("kinds", "told-gpu", got.data(), got.size()),
+                     absl::StatusCode::kNotFound, "not in the store");
+  std::fill(got.begin(), got.end(), 0xee);
+  res = b_.store->BatchGet("kinds", gets, gpu);
+  CXLRT_EXPECT_ERROR(res[0], wrong, why);
+  EXPECT_EQ(got, std::vector<uint8_t>(got.size(), 0xee));
   ExpectAuditClean(*a_.pool);
 }
 

@@ -90,6 +90,10 @@ def test_kv_blocks_and_paged_caches_in_gpu_memory(uri):
         for c, o in zip(cache, other):
             assert torch.equal(o[:, 0], c[:, 2]) and torch.equal(o[:, 15], c[:, 9])
             assert not o[:, 1:15].any()
+        # Segments in GPU and host memory at once are refused, naming them.
+        host = torch.zeros((2, 16, 8192), dtype=torch.uint8)
+        with pytest.raises(cxlrt.InvalidArgumentError, match="segments 0 and 2"):
+            store.batch_get_paged("g", ["b0"], [0], seg([other[0], host]))
         store.close()
 
 
