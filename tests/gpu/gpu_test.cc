@@ -576,15 +576,13 @@ TEST_P(GpuTest, ARankKilledMidTransferAbortsTheOthersNamingIt) {
       [](int r) { return r == 2 ? runtime::kFaultExitCode : 0; }, o);
 }
 
-// Every way of ringing a doorbell (collectives::Doorbell) carries the
-// bytes: a ping-pong through the pool gets the last round's bytes back
-// exactly, at one word and at a page. Only the stream memory operations may
-// be missing from a driver, and then say so.
-TEST(GpuDoorbellTest, EveryDoorbellDeliversTheBytesBehindIt) {
-  SKIP_WITHOUT_GPU();
+// Runs `body` in a child attached to a fresh pool, with a device engine
+// over it; the child's error, or "".
+std::string InChildWithEngine(
+    const std::function<std::string(allocator::Allocator&, collectives::DeviceEngine&)>& body) {
   ::cxlrt::testing::TempDir dir;
-  const std::string create = ::cxlrt::testing::PoolUri(dir, "", "64M");
-  ASSERT_TRUE(runtime::Pool::Create(create).ok());
+  const std::string create = ::cxlrt::testing::PoolUri(dir, "", "256M");
+  if (auto p = runtime::Pool::Create(create); !p.ok()) return p.status().ToString();
   char* err = static_cast<char*>(
       mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   std::memset(err, 0, 4096);
@@ -595,32 +593,107 @@ TEST(GpuDoorbellTest, EveryDoorbellDeliversTheBytesBehindIt) {
       e = h.status().ToString();
     } else {
       runtime::Pool& pool = h->alloc->pool();
-      uint8_t* base = pool.backend().base();
-      auto a = h->alloc->Allocate(1 << 20, {.alignment = 4096});
-      auto b = h->alloc->Allocate(1 << 20, {.alignment = 4096});
-      auto f = h->alloc->Allocate(4096, {.alignment = 4096});
-      auto engine = collectives::MakeDeviceEngine(pool.coherence(), base, pool.size());
-      if (!a.ok() || !b.ok() || !f.ok() || !engine.ok()) e = "setup failed";
-      auto* flag_a = reinterpret_cast<uint64_t*>(base + (f.ok() ? *f : 0));
-      for (collectives::Doorbell d : collectives::kDoorbells) {
-        for (size_t n : {size_t{8}, size_t{4096}, size_t{1} << 20}) {
-          if (!e.empty()) break;
-          auto t = collectives::TimePingPong(d, base + *a, base + *b, flag_a, flag_a + 32, n, 7, 2);
-          if (!t.ok() && !(d == collectives::Doorbell::kMemop &&
-                           t.status().code() == absl::StatusCode::kUnavailable)) {
-            e = absl::StrCat(collectives::DoorbellName(d), " at ", n, ": ", t.status().ToString());
-          } else if (t.ok() && t->wrong_bytes != 0) {
-            e = absl::StrCat(collectives::DoorbellName(d), " at ", n, ": ", t->wrong_bytes,
-                             " bytes came back wrong");
-          }
-        }
-      }
+      auto engine =
+          collectives::MakeDeviceEngine(pool.coherence(), pool.backend().base(), pool.size());
+      e = engine.ok() ? body(*h->alloc, **engine) : engine.status().ToString();
     }
     std::snprintf(err, 4095, "%s", e.c_str());
     return e.empty() ? 0 : 1;
   });
-  EXPECT_EQ(WaitExit(pid, absl::Seconds(120)), 0) << err;
+  const int rc = WaitExit(pid, absl::Seconds(120));
+  std::string out = rc == 0 ? "" : absl::StrCat("exit ", rc, ": ", err);
   munmap(err, 4096);
+  return out;
+}
+
+// A device reduction of more sources than the small launch holds (32)
+// passes all 1024 pointers (8 KiB of kernel parameters): 33 and 100
+// sources, half of them in the pool (staged), match the CPU kernels bit for
+// bit, as 3 sources do.
+TEST(GpuReduceTest, ReductionsOfManySourcesMatchTheCpuKernels) {
+  SKIP_WITHOUT_GPU();
+  const std::string err = InChildWithEngine([](allocator::Allocator& alloc,
+                                               collectives::DeviceEngine& e) -> std::string {
+    constexpr size_t kCount = 4099;  // not a multiple of the vector width
+    uint8_t* base = alloc.pool().backend().base();
+    for (int n : {3, 33, 100}) {
+      for (auto [type, op] :
+           {std::pair{DataType::kFloat32, RedOp::kSum}, std::pair{DataType::kBfloat16, RedOp::kAvg},
+            std::pair{DataType::kInt32, RedOp::kMax}}) {
+        const size_t bytes = kCount * collectives::SizeOf(type);
+        std::vector<std::vector<uint8_t>> host(n, std::vector<uint8_t>(bytes));
+        std::vector<const void*> host_srcs, dev_srcs;
+        std::vector<void*> owned;
+        for (int i = 0; i < n; ++i) {
+          FillValues(type, host[i].data(), kCount, 1000 * n + i);
+          host_srcs.push_back(host[i].data());
+          void* at = nullptr;
+          if (i % 2 == 1) {  // in the pool
+            auto off = alloc.Allocate(bytes, {.alignment = 64});
+            if (!off.ok()) return off.status().ToString();
+            at = base + *off;
+            std::memcpy(at, host[i].data(), bytes);
+          } else {
+            auto d = collectives::DeviceAlloc(bytes);
+            if (!d.ok()) return d.status().ToString();
+            owned.push_back(*d);
+            at = *d;
+            if (!collectives::DeviceCopy(at, host[i].data(), bytes).ok()) return "copy in";
+          }
+          dev_srcs.push_back(at);
+        }
+        std::vector<uint8_t> want(bytes), got(bytes);
+        collectives::Reduce(type, op, want.data(), host_srcs.data(), n, kCount, n);
+        auto out = collectives::DeviceAlloc(bytes);
+        if (!out.ok()) return out.status().ToString();
+        owned.push_back(*out);
+        absl::Status st = e.Wait(e.Reduce(type, op, *out, dev_srcs.data(), n, kCount, n),
+                                 absl::Now() + absl::Seconds(30));
+        if (st.ok()) st = collectives::DeviceCopy(got.data(), *out, bytes);
+        for (void* p : owned) collectives::DeviceFree(p);
+        if (!st.ok()) return absl::StrCat(n, " sources: ", st.ToString());
+        if (got != want) {
+          return absl::StrCat(n, " sources of ", collectives::DataTypeName(type),
+                              ": the device result differs from the CPU kernels'");
+        }
+      }
+    }
+    return "";
+  });
+  EXPECT_EQ(err, "");
+}
+
+// Every way of ringing a doorbell (collectives::Doorbell) carries the
+// bytes: a ping-pong through the pool gets the last round's bytes back
+// exactly, at one word and at a page. Only the stream memory operations may
+// be missing from a driver, and then say so.
+TEST(GpuDoorbellTest, EveryDoorbellDeliversTheBytesBehindIt) {
+  SKIP_WITHOUT_GPU();
+  const std::string err =
+      InChildWithEngine([](allocator::Allocator& alloc, collectives::DeviceEngine&) -> std::string {
+        uint8_t* base = alloc.pool().backend().base();
+        auto a = alloc.Allocate(1 << 20, {.alignment = 4096});
+        auto b = alloc.Allocate(1 << 20, {.alignment = 4096});
+        auto f = alloc.Allocate(4096, {.alignment = 4096});
+        if (!a.ok() || !b.ok() || !f.ok()) return "pool buffers";
+        auto* flag_a = reinterpret_cast<uint64_t*>(base + *f);
+        for (collectives::Doorbell d : collectives::kDoorbells) {
+          for (size_t n : {size_t{8}, size_t{4096}, size_t{1} << 20}) {
+            auto t =
+                collectives::TimePingPong(d, base + *a, base + *b, flag_a, flag_a + 32, n, 7, 2);
+            const std::string what = absl::StrCat(collectives::DoorbellName(d), " at ", n, ": ");
+            if (!t.ok() && !(d == collectives::Doorbell::kMemop &&
+                             t.status().code() == absl::StatusCode::kUnavailable)) {
+              return what + t.status().ToString();
+            }
+            if (t.ok() && t->wrong_bytes != 0) {
+              return absl::StrCat(what, t->wrong_bytes, " bytes came back wrong");
+            }
+          }
+        }
+        return "";
+      });
+  EXPECT_EQ(err, "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Domains, GpuTest,
