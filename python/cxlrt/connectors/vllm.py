@@ -21,9 +21,16 @@ block rather than one per layer.
   the workers which blocks to load and which newly full blocks to store.
 - Worker side: `start_load_kv` loads before the forward pass; blocks that
   fail to load are reported by `get_block_ids_with_load_errors` (vLLM then
-  recomputes them); `wait_for_save` stores after it. Loads and saves are
-  synchronous (the pool is memory: a block of every layer moves at copy
-  speed), so no request's blocks are held past its step.
+  recomputes them); `wait_for_save` stores after it. Saves are synchronous
+  (the pool is memory: a block of every layer moves at copy speed), so no
+  request's blocks are held past its step.
+
+Loads are synchronous too unless `extra_config["load_async"]` is true. Then
+a request with a hit waits (vLLM's WAITING_FOR_REMOTE_KVS) while a worker
+thread loads its blocks, and the batch's other requests keep running: a
+long cached prefix no longer stalls every request's step. `get_finished`
+reports each load once it is done, failed blocks included (vLLM recomputes
+them or fails the request, as its kv_load_failure_policy says).
 
 Namespaces: one per model, KV dtype, block geometry and tensor-parallel
 shard (`extra_config["namespace"]` overrides the model part). Servers
@@ -39,6 +46,7 @@ import hashlib
 import itertools
 import logging
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -59,6 +67,7 @@ if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
 logger = logging.getLogger(__name__)
@@ -81,6 +90,7 @@ class Transfers:
 class CxlrtConnectorMetadata(KVConnectorMetadata):
     loads: Transfers = field(default_factory=Transfers)
     saves: Transfers = field(default_factory=Transfers)
+    async_loads: dict[str, Transfers] = field(default_factory=dict)  # by request id
 
 
 @dataclass
@@ -93,6 +103,7 @@ class _Request:
     stored: int = 0  # leading blocks known to be in the store
     pins: list = field(default_factory=list)
     load: Optional[tuple[int, int]] = None  # blocks [first, end) to load
+    no_load_from: Optional[int] = None  # a load of this block failed: never offered again
     block_ids: list[int] = field(default_factory=list)  # its KV cache blocks
 
 
@@ -130,15 +141,20 @@ class CxlrtConnector(KVConnectorBase_V1):
                          f"/b{spec.block_size}h{getattr(spec, 'num_kv_heads', 1)}"
                          f"d{getattr(spec, 'head_size', 0)}").replace("//", "/")
         self._mla = bool(getattr(vllm_config.model_config, "use_mla", False))
+        self._load_async = bool(extra.get("load_async", False))
         self.host = cxlrt.Host(uri, create=True)
         self.store = self.host.store(create=True)
         # Scheduler side.
         self._reqs: dict[str, _Request] = {}
+        self._async_loads: dict[str, Transfers] = {}  # for the next metadata
+        self._loads_in_flight: dict[str, tuple[int, list[int]]] = {}  # first block, block ids
         # Worker side.
         self._segments: list[tuple[int, int, int]] = []
         self._num_blocks = 0
         self._load_errors: set[int] = set()
         self._device: Optional[torch.device] = None
+        self._loader: Optional[ThreadPoolExecutor] = None  # one thread: async loads
+        self._loading: dict[str, tuple[Transfers, Future]] = {}
 
     # --- namespaces ---
 
@@ -191,6 +207,8 @@ class CxlrtConnector(KVConnectorBase_V1):
         st.load = None
         # At least one token must be left to compute.
         most = min(len(st.keys), (request.num_tokens - 1) // self._block_size)
+        if st.no_load_from is not None:  # retried after a failed load: recomputed
+            most = min(most, st.no_load_from)
         hit = most
         for ns in self._all_namespaces():
             if hit == 0:
@@ -204,7 +222,7 @@ class CxlrtConnector(KVConnectorBase_V1):
             self._release(st)
             return 0, False
         st.load = (first, hit)
-        return hit * self._block_size - num_computed_tokens, False
+        return hit * self._block_size - num_computed_tokens, self._load_async
 
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks",
                                  num_external_tokens: int) -> None:
@@ -216,10 +234,21 @@ class CxlrtConnector(KVConnectorBase_V1):
             self._release(st)
             return
         first, _ = st.load
-        st.load = (first, first + num_external_tokens // self._block_size)
+        end = first + num_external_tokens // self._block_size
+        st.load = (first, end)
+        if self._load_async:
+            # Not scheduled this step: the load goes out with the next
+            # metadata, into the blocks allocated for it now.
+            ids = list(blocks.get_block_ids()[0])
+            self._async_loads.setdefault(request.request_id, Transfers()).add(
+                st.keys[first:end], ids[first:end])
+            self._loads_in_flight[request.request_id] = (first, ids[first:end])
+            st.stored = max(st.stored, end)
+            st.load = None
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
-        meta = CxlrtConnectorMetadata()
+        meta = CxlrtConnectorMetadata(async_loads=self._async_loads)
+        self._async_loads = {}
         out = scheduler_output
         # Each scheduled request's block ids and computed tokens: new ones
         # carry all their blocks; running ones the blocks added this step
@@ -253,6 +282,18 @@ class CxlrtConnector(KVConnectorBase_V1):
                 meta.saves.add(st.keys[st.stored:full], ids[st.stored:full])
                 st.stored = full
         return meta
+
+    def update_connector_output(self, connector_output: "KVConnectorOutput") -> None:
+        """A request whose asynchronous load failed comes back to
+        get_num_new_matched_tokens (vLLM frees its blocks and retries): it is
+        not offered the blocks from the first failed one on, which would
+        fail again."""
+        bad = connector_output.invalid_block_ids or set()
+        for req_id in connector_output.finished_recving or ():
+            first, ids = self._loads_in_flight.pop(req_id, (0, []))
+            failed = [i for i, b in enumerate(ids) if b in bad]
+            if failed and (st := self._reqs.get(req_id)) is not None:
+                st.no_load_from = first + failed[0]
 
     def request_finished(self, request: "Request",
                          block_ids: list[int]) -> tuple[bool, Optional[dict[str, Any]]]:
@@ -293,13 +334,39 @@ class CxlrtConnector(KVConnectorBase_V1):
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, CxlrtConnectorMetadata)
-        if not meta.loads.keys:
-            return
-        res = self._transfer(self.store._s.batch_get_paged, meta.loads)
-        for block, r in zip(meta.loads.block_ids, res):
+        for req_id, t in meta.async_loads.items():
+            if self._loader is None:
+                self._loader = ThreadPoolExecutor(1, "cxlrt-load", initializer=self._on_device)
+            self._loading[req_id] = (t, self._loader.submit(
+                self._transfer, self.store._s.batch_get_paged, t))
+        if meta.loads.keys:
+            self._check_loaded(meta.loads, self._transfer(self.store._s.batch_get_paged,
+                                                          meta.loads))
+
+    def _on_device(self) -> None:
+        """The loader thread copies to and from the worker's own GPU."""
+        if self._device is not None and self._device.type == "cuda":
+            torch.cuda.set_device(self._device)
+
+    def _check_loaded(self, t: Transfers, res: list) -> None:
+        for block, r in zip(t.block_ids, res):
             if not isinstance(r, int):
                 logger.warning("cxlrt: block %d did not load (%s); vLLM recomputes it", block, r)
                 self._load_errors.add(block)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[Optional[set[str]],
+                                                                 Optional[set[str]]]:
+        """The requests whose asynchronous loads are done (their failed blocks
+        go to get_block_ids_with_load_errors, called right after)."""
+        done = {r for r, (_, f) in self._loading.items() if f.done()}
+        for req_id in done:
+            t, f = self._loading.pop(req_id)
+            try:
+                self._check_loaded(t, f.result())
+            except Exception as e:  # noqa: BLE001 - every block of it failed
+                logger.warning("cxlrt: request %s's blocks did not load: %s", req_id, e)
+                self._load_errors.update(t.block_ids)
+        return None, done or None
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # start_load_kv loaded every layer
@@ -334,6 +401,9 @@ class CxlrtConnector(KVConnectorBase_V1):
         return errors
 
     def shutdown(self) -> None:
+        if self._loader is not None:  # no copy may outlive the caches
+            self._loader.shutdown(wait=True)
+            self._loader = None
         for st in self._reqs.values():
             self._release(st)
         self._reqs.clear()

@@ -11,6 +11,7 @@ run here. Needs torch and vllm (the project's .venv)."""
 import json
 import multiprocessing as mp
 import os
+import time
 import uuid
 import zlib
 
@@ -30,7 +31,7 @@ from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,  # noqa: E402
                                         KVCacheGroupSpec)
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
-from vllm.v1.request import Request  # noqa: E402
+from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 import cxlrt  # noqa: E402
@@ -67,7 +68,8 @@ class Server:
     paged KV caches (`layout`: "kv_first" [2, blocks, ...] as FlashAttention
     allocates, or "blocks_first" [blocks, 2, ...] as FlashInfer does)."""
 
-    def __init__(self, model_dir, uri, layout="kv_first", layers=LAYERS, on_load_failure="fail"):
+    def __init__(self, model_dir, uri, layout="kv_first", layers=LAYERS, on_load_failure="fail",
+                 load_async=False):
         config = VllmConfig(
             model_config=ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float16",
                                      max_model_len=2048, seed=0),
@@ -77,7 +79,8 @@ class Server:
             device_config=DeviceConfig("cpu"),
             kv_transfer_config=KVTransferConfig(
                 kv_connector="CxlrtConnector", kv_connector_module_path="cxlrt.connectors.vllm",
-                kv_role="kv_both", kv_connector_extra_config={"pool": uri},
+                kv_role="kv_both", kv_connector_extra_config={"pool": uri,
+                                                              "load_async": load_async},
                 kv_load_failure_policy=on_load_failure))
         spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD_SIZE,
                                  dtype=torch.float16)
@@ -102,6 +105,7 @@ class Server:
         self.first_computed = {}  # request -> tokens it started with (local + external)
         self.load_errors = set()
         self.blocks_of = {}  # request -> its KV cache blocks
+        self.waited = set()  # requests that waited for an asynchronous load
 
     def add(self, req_id, prompt, max_tokens=2, cache_salt=None):
         self.requests[req_id] = Request(
@@ -119,10 +123,16 @@ class Server:
     def run(self):
         """Steps until every request finished; the "forward" writes each
         computed token's KV and samples token 7."""
-        for _ in range(200):
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
             if not self.scheduler.has_unfinished_requests():
+                self.worker.shutdown()
                 return
             out = self.scheduler.schedule()
+            self.waited |= {r for r, q in self.requests.items()
+                            if q.status == RequestStatus.WAITING_FOR_REMOTE_KVS}
+            if not out.num_scheduled_tokens:
+                time.sleep(0.001)  # only loads in flight
             self.worker.bind_connector_metadata(out.kv_connector_metadata)
             self.worker.start_load_kv(None)
             for n in out.scheduled_new_reqs:
@@ -136,6 +146,7 @@ class Server:
                 for p in range(computed[r], computed[r] + n):
                     self.write(r, ids[p // BLOCK], p)
             self.worker.wait_for_save()
+            _, loaded = self.worker.get_finished(out.finished_req_ids)
             errors = self.worker.get_block_ids_with_load_errors()
             self.load_errors |= errors
             self.worker.clear_connector_metadata()
@@ -147,8 +158,9 @@ class Server:
             self.scheduler.update_from_output(out, ModelRunnerOutput(
                 req_ids=reqs, req_id_to_index={r: i for i, r in enumerate(reqs)},
                 sampled_token_ids=sampled,
-                kv_connector_output=KVConnectorOutput(invalid_block_ids=errors)))
-        raise AssertionError("the requests did not finish in 200 steps")
+                kv_connector_output=KVConnectorOutput(finished_recving=loaded,
+                                                      invalid_block_ids=errors)))
+        raise AssertionError("the requests did not finish in 60 s")
 
     def block_ids(self, req_id):
         return self.scheduler.kv_cache_manager.get_blocks(req_id).get_block_ids()[0]
@@ -277,6 +289,34 @@ def test_a_block_that_cannot_load_is_recomputed_or_fails_as_vllm_is_told(model_d
     c.run()
     assert len(c.load_errors) == 3
     assert c.tokens("r3") == prompt(50)  # nothing sampled
+
+
+def test_asynchronous_loads_hold_only_their_request_while_others_run(model_dir, uri):
+    a = Server(model_dir, uri)
+    a.add("r1", prompt(100))
+    a.run()
+    b = Server(model_dir, uri, load_async=True)
+    b.add("hit", prompt(100) + prompt(30, salt=5))
+    b.add("miss", prompt(60, salt=9))
+    b.run()
+    assert b.waited == {"hit"}  # it waited for its load; the miss did not
+    assert b.first_computed["hit"] == 96 and b.first_computed["miss"] == 0
+    assert not b.load_errors
+    assert all(b.block_matches("hit", i) for i in range(6))
+    assert b.tokens("miss") == prompt(60, salt=9) + [7, 7]
+
+
+def test_an_asynchronous_load_that_fails_is_recomputed(model_dir, uri):
+    a = Server(model_dir, uri)
+    a.add("r1", prompt(50))
+    a.run()
+    layers = LAYERS + ["model.layers.2.self_attn.attn"]  # values too small: loads fail
+    b = Server(model_dir, uri, layers=layers, on_load_failure="recompute", load_async=True)
+    b.add("r2", prompt(50))
+    b.run()
+    assert b.waited == {"r2"} and len(b.load_errors) == 3
+    assert all(b.block_matches("r2", i) for i in range(3))
+    assert b.tokens("r2") == prompt(50) + [7, 7]
 
 
 def _second_server(model_dir, uri, q):
