@@ -1,5 +1,6 @@
 // AllReduce (one-shot and pipelined two-shot) and Reduce.
 #include <algorithm>
+#include <deque>
 #include <vector>
 
 #include "collectives/algorithms/algorithm.h"
@@ -51,6 +52,13 @@ absl::Status OneShot(Call& c, const uint8_t* in, uint8_t* out, size_t count, Red
 // a peer reading lines this core has just written pulls them out of its
 // cache, which measured slower than reading them from memory after
 // non-temporal stores.
+//
+// The reduction of A(c) is not waited for where it is submitted: the
+// pipeline goes on to B(c-1)'s reads (a GPU's copies and kernel run
+// meanwhile), B(c) is posted once the reduction has completed, and A(c) is
+// marked read only then (a reduction reads the peers' posts until it
+// completes), in post order. With a CPU engine, whose reductions complete
+// as they are submitted, this is the plain order.
 absl::Status TwoShot(Call& c, const uint8_t* in, uint8_t* out, size_t count, RedOp op) {
   const int n = c.nranks(), r = c.rank();
   const size_t es = c.es;
@@ -71,8 +79,24 @@ absl::Status TwoShot(Call& c, const uint8_t* in, uint8_t* out, size_t count, Red
   const uint64_t base = c.t.staged();
   Sources srcs(n);
   Tickets tickets;
-  std::vector<bool> reduced(chunks, false);  // A(c) consumed: B(c) may be posted
-  auto shard = [&](size_t k, int j) {        // [lo, hi) of rank j's shard of chunk k
+  std::vector<bool> reduced(chunks, false);  // A(c) consumed: its reduction submitted
+  std::vector<CopyEngine::Ticket> reduction(chunks, 0);
+  size_t consumed = 0;  // items consumed so far
+  // Posts consumed but not yet marked read: (post, the ticket still reading it).
+  std::deque<std::pair<uint64_t, CopyEngine::Ticket>> unread;
+  auto mark_read = [&](bool wait) -> absl::Status {
+    for (; !unread.empty(); unread.pop_front()) {
+      auto [s, t] = unread.front();
+      if (!c.e.Poll(t)) {
+        if (!wait) break;
+        Tickets one = {t};
+        CXLRT_RETURN_IF_ERROR(WaitAll(c, one));
+      }
+      c.t.Done(s);
+    }
+    return absl::OkStatus();
+  };
+  auto shard = [&](size_t k, int j) {  // [lo, hi) of rank j's shard of chunk k
     const size_t first = k * chunk_elems, m = std::min(chunk_elems, count - first);
     return std::pair<size_t, size_t>{first + m * j / n, first + m * (j + 1) / n};
   };
@@ -80,9 +104,16 @@ absl::Status TwoShot(Call& c, const uint8_t* in, uint8_t* out, size_t count, Red
     const Item it = items[i];
     const size_t first = it.chunk * chunk_elems, m = std::min(chunk_elems, count - first);
     const auto [lo, hi] = shard(it.chunk, r);
+    // Stage may wait for the peers to read our post s - depth, and they may
+    // be waiting for our read marks: none is held back past here. (A post
+    // follows the reduction it could wait for: B(c) is ready once A(c)'s
+    // has completed, and every later post comes after B(c).)
+    CXLRT_RETURN_IF_ERROR(mark_read(/*wait=*/true));
     CXLRT_ASSIGN_OR_RETURN(uint64_t s, c.t.Stage());
     if (it.b) {
-      // The reduced shard, written by this rank's consume of A (complete).
+      // The reduced shard, once the reduction that writes it has run.
+      Tickets one = {reduction[it.chunk]};
+      CXLRT_RETURN_IF_ERROR(WaitAll(c, one));
       return PostPieces(c, s, out + lo * es, (hi - lo) * es, 0, 1, -1, std::nullopt);
     }
     if (zc) return c.t.Publish(s, {*zc + first * es, m * es, 0, 1}, /*in_place=*/true);
@@ -108,9 +139,9 @@ absl::Status TwoShot(Call& c, const uint8_t* in, uint8_t* out, size_t count, Red
       const auto [lo, hi] = shard(it.chunk, r);
       CXLRT_RETURN_IF_ERROR(
           PeerSources(c, s, in + lo * es, (lo - first) * es, (hi - lo) * es, srcs));
-      tickets.push_back(c.e.Reduce(c.type, op, out + lo * es, srcs.data(), n, hi - lo, n));
-      CXLRT_RETURN_IF_ERROR(WaitAll(c, tickets));
+      reduction[it.chunk] = c.e.Reduce(c.type, op, out + lo * es, srcs.data(), n, hi - lo, n);
       reduced[it.chunk] = true;
+      unread.emplace_back(s, reduction[it.chunk]);
     } else {
       for (int j = 0; j < n; ++j) {
         const auto [jlo, jhi] = shard(it.chunk, j);
@@ -118,17 +149,23 @@ absl::Status TwoShot(Call& c, const uint8_t* in, uint8_t* out, size_t count, Red
         CXLRT_ASSIGN_OR_RETURN(const uint8_t* peer, c.t.PeerBytes(j, s, 0, (jhi - jlo) * es));
         tickets.push_back(c.e.FromPool(out + jlo * es, peer, (jhi - jlo) * es));
       }
+      CXLRT_RETURN_IF_ERROR(WaitAll(c, tickets));
+      unread.emplace_back(s, 0);
     }
-    CXLRT_RETURN_IF_ERROR(WaitAll(c, tickets));
-    c.t.Done(s);
-    return absl::OkStatus();
+    consumed = i + 1;
+    // B's reads are done; an A still reduces only if it is the newest post.
+    return mark_read(/*wait=*/it.b);
   };
-  // B(c) is posted only after A(c) was consumed (one chunk: A0 B0).
+  // B(c) is posted once A(c)'s reduction completed, or once every item
+  // before it was consumed (its post then waits for the reduction): one
+  // chunk runs A0 B0.
   CXLRT_RETURN_IF_ERROR(RunPipeline(items.size(), c.ahead(), post, consume, [&](size_t i) {
-    return !items[i].b || reduced[items[i].chunk];
+    const Item it = items[i];
+    return !it.b || (reduced[it.chunk] && (consumed == i || c.e.Poll(reduction[it.chunk])));
   }));
-  // Every peer posted B(C-1) after reading our A(C-1): the send buffer is
-  // ours again without a further wait.
+  CXLRT_RETURN_IF_ERROR(mark_read(/*wait=*/true));
+  // Every peer posted B(C-1) after its reduction had read our A(C-1): the
+  // send buffer is ours again without a further wait.
   return c.t.EndCall(false);
 }
 
