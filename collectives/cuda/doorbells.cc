@@ -47,8 +47,14 @@ struct PingPong {
   uint64_t* values = nullptr;      // device memory, values[i] == i: the copy engine's flags
   uint64_t* dev_flag_a = nullptr;  // the flags' device addresses
   uint64_t* dev_flag_b = nullptr;
+  uint64_t* flags[2] = {};  // the flags in the pool
 
   ~PingPong() {
+    // A run that failed may have left a stream waiting for a flag that
+    // never came: every wait ends at this value.
+    for (uint64_t* f : flags) {
+      if (f != nullptr) std::atomic_ref<uint64_t>(*f).store(uint64_t{1} << 62);
+    }
     if (a != nullptr) (void)cudaStreamSynchronize(a);
     if (b != nullptr) (void)cudaStreamSynchronize(b);
     for (void* p : {src[0], src[1], got, relay, static_cast<void*>(values)}) {
@@ -196,6 +202,8 @@ absl::StatusOr<PingPongTimes> TimePingPong(Doorbell how, uint8_t* pool_a, uint8_
     return absl::UnavailableError("the driver has no stream memory operations");
   }
   PingPong p;
+  p.flags[0] = flag_a;
+  p.flags[1] = flag_b;
   CXLRT_RETURN_IF_ERROR(Check(cudaStreamCreateWithFlags(&p.a, cudaStreamNonBlocking), "stream"));
   CXLRT_RETURN_IF_ERROR(Check(cudaStreamCreateWithFlags(&p.b, cudaStreamNonBlocking), "stream"));
   for (cudaEvent_t* e : {&p.done_a, &p.done_b}) {
