@@ -58,6 +58,21 @@ class CopyEngine {
   virtual Ticket Reduce(DataType t, RedOp op, void* out, const void* const* srcs, int n,
                         size_t count, int avg_divisor) = 0;
 
+  // Whether the engine writes post lines itself (PublishLine): a GPU's
+  // copy engine queues the line and its flag behind the copies of the
+  // post's bytes, so the host does not wait for those copies to publish.
+  virtual bool publishes_posts() const { return false; }
+  // Queues the publication of a post line: `image[8, n)` to the pool at
+  // `line + 8`, then its flag, `image[0, 8)`, to `line`, once the tickets in
+  // `after` have completed. Complete: the line and flag are in the pool
+  // for every host. REQUIRES: publishes_posts(); the engine may keep
+  // `image` until post seq + 64 is published (seq: image's first 8 bytes).
+  virtual Ticket PublishLine(runtime::PoolOffset line, const uint8_t* image, size_t n,
+                             const Ticket* after, size_t n_after) {
+    (void)line, (void)image, (void)n, (void)after, (void)n_after;
+    return 0;
+  }
+
   // True once `t` has completed.
   virtual bool Poll(Ticket t) = 0;
   // Waits until `t` has completed: OK, or kDeadlineExceeded (the engine is

@@ -133,6 +133,18 @@ absl::Status Transport::Enqueue(Pending&& p) {
       return absl::OkStatus();
     }
   }
+  // The engine writes the line behind the copies, unless a post before
+  // this one waits for the host to publish it (posts go out in order).
+  bool engine_publishes = engine_->publishes_posts() && !p.in_place;
+  for (const Pending& q : pending_) engine_publishes = engine_publishes && q.by_engine;
+  if (engine_publishes) {
+    p.post.seq = p.s;  // the flag, written last
+    const CopyEngine::Ticket t =
+        engine_->PublishLine(PostAt(rank_, p.s), reinterpret_cast<const uint8_t*>(&p.post),
+                             sizeof(PostLayout), p.after.data(), p.after.size());
+    p.after.push_back(t);
+    p.by_engine = true;
+  }
   pending_.push_back(std::move(p));
   return Progress(0);
 }
@@ -153,7 +165,7 @@ absl::Status Transport::Progress(uint64_t through) {
       }
       p.after.pop_back();
     }
-    PublishPost(p);
+    if (!p.by_engine) PublishPost(p);
     pending_.pop_front();
   }
   return absl::OkStatus();

@@ -17,7 +17,10 @@
 // handed to Publish: it is published (post line, then its flag) only once
 // the engine's tickets behind it have completed. Pending posts are
 // published in order, by every later call into the transport and by every
-// wait it runs.
+// wait it runs. An engine that publishes posts itself (a GPU's copy
+// engine under CXLRT_CUDA_DOORBELL=copy) is handed the line at once, to
+// write behind those tickets; the post then stays pending only until they
+// and the line have completed.
 //
 // Thread-safety: one thread at a time (the communicator's).
 #pragma once
@@ -146,6 +149,7 @@ class Transport {
     bool in_place;
     Bytes bytes;
     std::vector<CopyEngine::Ticket> after;
+    bool by_engine = false;  // the engine publishes it (PublishLine): only waited for
   };
   // Publishes pending posts whose tickets have completed, in order; waits
   // for the tickets of those numbered up to `through` (0: none).

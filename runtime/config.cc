@@ -47,6 +47,9 @@ constexpr ConfigVar kTable[] = {
     {"CXLRT_CUDA_KV_COPY", "engine",
      "How KV batches in GPU memory are copied: engine (cudaMemcpyBatchAsync on the copy engine) or "
      "kernel (SMs through the mapped pool); docs/gpu.md."},
+    {"CXLRT_CUDA_DOORBELL", "host",
+     "Who writes a GPU rank's post lines and flags: host (the CPU, once the copies behind them "
+     "completed) or copy (the copy engine, queued behind the copies); docs/gpu.md."},
 };
 
 absl::Status ParseUint(const char* name, const char* value, uint32_t lo, uint32_t hi,
@@ -195,6 +198,11 @@ absl::StatusOr<Config> ParseConfig(const std::function<const char*(const char*)>
   }
   if (auto s = ParseChoice("CXLRT_CUDA_KV_COPY", getenv("CXLRT_CUDA_KV_COPY"), "engine", "kernel",
                            &c.cuda_kv_copy);
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = ParseChoice("CXLRT_CUDA_DOORBELL", getenv("CXLRT_CUDA_DOORBELL"), "host", "copy",
+                           &c.cuda_doorbell);
       !s.ok()) {
     return s;
   }

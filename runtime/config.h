@@ -36,6 +36,7 @@ struct Config {
   std::string pin;                            // CXLRT_PIN, "": auto
   std::string cuda_reduce = "staged";         // CXLRT_CUDA_REDUCE: staged or mapped
   std::string cuda_kv_copy = "engine";        // CXLRT_CUDA_KV_COPY: engine or kernel
+  std::string cuda_doorbell = "host";         // CXLRT_CUDA_DOORBELL: host or copy
 };
 
 struct ConfigVar {

@@ -105,6 +105,12 @@ step allreduce_4_depth6 60 env CXLRT_COMM_DEPTH=6 "$bin/cxlrt" bench allreduce -
 step allreduce_4_depth8 60 env CXLRT_COMM_DEPTH=8 "$bin/cxlrt" bench allreduce --device "${big[@]}"
 step allreduce_4_chunk8M 60 env CXLRT_COMM_SLOT_BYTES=8388608 CXLRT_COMM_CHUNK_BYTES=8388608 \
   "$bin/cxlrt" bench allreduce --device "${big[@]}"
+# Post lines and flags written by the copy engine behind the copies
+# (CXLRT_CUDA_DOORBELL=copy) against the host's, at every size.
+for r in 2 4; do
+  step "allreduce_${r}_copybell" 60 env CXLRT_CUDA_DOORBELL=copy "$bin/cxlrt" bench allreduce \
+    --device --ranks "$r" "${coll[@]}"
+done
 [[ $mps == 1 ]] && echo quit | nvidia-cuda-mps-control
 step allreduce_host2 40 "$bin/cxlrt" bench allreduce --ranks 2 "${coll[@]}"
 
@@ -120,7 +126,8 @@ echo "== kv_kernel"; tail -9 "$LOG/kv_kernel.txt"
 echo "== doorbell"; grep -v '^# cxlrt' "$LOG/doorbell.txt" | tail -9
 for f in allreduce_2_nomps allreduce_2 allreduce_4 allgather_2 allgather_4 allreduce_2_mapped \
   allreduce_2_chunk1048576 allreduce_2_chunk2097152 allreduce_2_chunk4194304 \
-  allreduce_4_depth6 allreduce_4_depth8 allreduce_4_chunk8M allreduce_host2; do
+  allreduce_4_depth6 allreduce_4_depth8 allreduce_4_chunk8M allreduce_2_copybell \
+  allreduce_4_copybell allreduce_host2; do
   echo "== $f"; grep -v '^#' "$LOG/$f.txt" | grep -v '^ *device' | tail -7 | cut -c1-112
 done
 echo "== gpu_test"; grep -E "FAILED|PASSED|SKIPPED|Failure|rank [0-9]" "$LOG/gpu_test.txt" | head -20

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -176,6 +177,7 @@ class CudaEngine final : public DeviceEngine {
       if (r.read) (void)cudaEventDestroy(r.read);
     }
     for (cudaEvent_t e : events_) (void)cudaEventDestroy(e);
+    if (line_images_) (void)cudaFreeHost(line_images_);
     for (cudaEvent_t e : mark_events_) {
       if (e) (void)cudaEventDestroy(e);
     }
@@ -193,6 +195,34 @@ class CudaEngine final : public DeviceEngine {
 
   const char* name() const override { return staged_reduce_ ? "cuda (staged)" : "cuda"; }
   bool host_buffers() const override { return false; }
+  bool publishes_posts() const override { return copy_doorbells_; }
+
+  // The line's image goes to a pinned slot of a ring (kept until post seq +
+  // kLineImages, past any transport's depth), and the copy engine writes it
+  // into the pool behind the post's copies: the rest of the line, then the
+  // flag, both on the device -> pool stream, after the events of `after`.
+  Ticket PublishLine(runtime::PoolOffset line, const uint8_t* image, size_t n, const Ticket* after,
+                     size_t n_after) override {
+    if (n < 8 || n > kLineImageBytes) {
+      SetError(absl::InternalError(absl::StrCat("a post line of ", n, " bytes")));
+      return Record(to_pool_);
+    }
+    uint64_t seq;
+    std::memcpy(&seq, image, 8);
+    uint8_t* img = line_images_ + (seq % kLineImages) * kLineImageBytes;
+    std::memcpy(img, image, n);
+    for (size_t i = 0; i < n_after; ++i) {
+      const Ticket t = after[i];
+      if (t != 0 && t + kEvents > next_) {  // else long complete, its event reused
+        Check(cudaStreamWaitEvent(to_pool_, events_[t % kEvents], 0), "stream wait");
+      }
+    }
+    c_.BeforeDeviceWrite(line, n);
+    Check(cudaMemcpyAsync(base_ + line + 8, img + 8, n - 8, cudaMemcpyDefault, to_pool_),
+          "post line copy");
+    Check(cudaMemcpyAsync(base_ + line, img, 8, cudaMemcpyDefault, to_pool_), "flag copy");
+    return Record(to_pool_);
+  }
 
   Ticket ToPool(runtime::PoolOffset dst, const void* src, size_t n) override {
     if (n == 0) return 0;
@@ -447,6 +477,14 @@ class CudaEngine final : public DeviceEngine {
     }
     done_dev_ = static_cast<uint64_t*>(dev);
     wait_value_ = cuda::StreamWaitValue64();
+    if (copy_doorbells_) {
+      void* images = nullptr;
+      if ((e = cudaHostAlloc(&images, kLineImages * kLineImageBytes, cudaHostAllocPortable)) !=
+          cudaSuccess) {
+        return Failed("cudaHostAlloc", e);
+      }
+      line_images_ = static_cast<uint8_t*>(images);
+    }
     return absl::OkStatus();
   }
 
@@ -532,7 +570,12 @@ class CudaEngine final : public DeviceEngine {
   uint64_t* done_host_ = nullptr;               // pinned; the proxy stores, streams wait
   uint64_t* done_dev_ = nullptr;                // its device address
   cuda::StreamValue64Fn wait_value_ = nullptr;  // cuStreamWaitValue64, when the driver has it
-  absl::Status error_;                          // the first error: the engine is unusable after it
+  // CXLRT_CUDA_DOORBELL=copy: post lines written by the copy engine, from
+  // a pinned ring of their images.
+  const bool copy_doorbells_ = runtime::GetConfig().cuda_doorbell == "copy";
+  static constexpr size_t kLineImages = 64, kLineImageBytes = 128;
+  uint8_t* line_images_ = nullptr;
+  absl::Status error_;  // the first error: the engine is unusable after it
 };
 
 absl::Status NoDevice() { return absl::UnavailableError(absl::StrCat("no GPU: ", Probe().reason)); }

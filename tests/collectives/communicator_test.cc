@@ -780,6 +780,36 @@ TEST_P(CollectivesTest, EveryCollectiveStaysExactUnderTheCudaEnginesOrdering) {
       absl::Seconds(120), o);
 }
 
+TEST_P(CollectivesTest, EveryCollectiveStaysExactWhenTheEnginePublishesThePostLines) {
+  // CXLRT_CUDA_DOORBELL=copy replayed on the CPU: the engine writes each
+  // post line and flag itself, late, after the copies behind it (as a
+  // stream orders them), while the host goes on. A line published before
+  // its bytes, or a slot reused before its peers read it, fails the checks.
+  std::vector<LateEngine*> engines(3, nullptr);
+  engine_factory_ = [&](runtime::Coherence& c, int r) -> std::unique_ptr<CopyEngine> {
+    auto e = std::make_unique<LateEngine>(c, 777 + r, /*device_like=*/true, /*publishes=*/true);
+    engines[r] = e.get();
+    return e;
+  };
+  CommOptions o;
+  o.slot_bytes = 8192;
+  o.oneshot_max = 1024;
+  auto cases = PipelineCases();
+  for (CollKind k : AllKinds()) {
+    cases.push_back({k, DataType::kFloat32, RedOp::kSum, 3, Rooted(k) ? 2 : -1, false, false});
+  }
+  RunRanks(
+      3,
+      [&](Communicator& comm, allocator::Allocator& alloc) -> std::string {
+        std::string e = RunAll(comm, cases, alloc.pool());
+        if (e.empty() && engines[comm.rank()]->published() == 0) {
+          return "the engine published no post line";
+        }
+        return e;
+      },
+      absl::Seconds(120), o);
+}
+
 TEST_P(CollectivesTest, ARankStalledMidStreamDelaysTheOthersButNotTheirResults) {
   // Rank 1 stalls 300 ms before publishing its 7th post (inside a call of
   // many chunks): the others run ahead up to their rings and wait; every

@@ -8,6 +8,7 @@
 // Thread-safety: one thread, like every engine.
 #pragma once
 
+#include <cstring>
 #include <functional>
 #include <map>
 #include <random>
@@ -22,10 +23,30 @@ class LateEngine final : public CopyEngine {
   // `device_like`: behave as the CUDA engine does towards the algorithms:
   // caller buffers are not host-readable (no inline posts), so every chunk
   // goes through ToPool and completes late.
-  LateEngine(runtime::Coherence& c, uint32_t seed, bool device_like = false)
-      : c_(c), rng_(seed), device_like_(device_like) {}
+  // `publishes`: publish post lines itself, late too, as the CUDA engine
+  // does under CXLRT_CUDA_DOORBELL=copy (each after the tickets behind it,
+  // as a stream orders them).
+  LateEngine(runtime::Coherence& c, uint32_t seed, bool device_like = false, bool publishes = false)
+      : c_(c), rng_(seed), device_like_(device_like), publishes_(publishes) {}
   const char* name() const override { return "late (test)"; }
   bool host_buffers() const override { return !device_like_; }
+  bool publishes_posts() const override { return publishes_; }
+
+  Ticket PublishLine(runtime::PoolOffset line, const uint8_t* image, size_t n, const Ticket* after,
+                     size_t n_after) override {
+    std::vector<uint8_t> img(image, image + n);
+    std::vector<Ticket> deps(after, after + n_after);
+    ++published_;
+    return Add([this, line, img, deps] {
+      for (Ticket t : deps) RunTicket(t);  // what a stream runs before it
+      c_.Publish(line + 8, img.data() + 8, img.size() - 8);
+      uint64_t seq;
+      std::memcpy(&seq, img.data(), 8);
+      c_.StoreFlag(line, seq);
+    });
+  }
+  // Post lines this engine published.
+  uint64_t published() const { return published_; }
 
   Ticket ToPool(runtime::PoolOffset dst, const void* src, size_t n) override {
     return Add([this, dst, src, n] {
@@ -72,6 +93,11 @@ class LateEngine final : public CopyEngine {
   void RunOne() {
     auto it = pending_.begin();
     std::advance(it, rng_() % pending_.size());
+    RunTicket(it->first);
+  }
+  void RunTicket(Ticket t) {
+    auto it = pending_.find(t);
+    if (it == pending_.end()) return;  // ran already
     std::function<void()> op = std::move(it->second);
     pending_.erase(it);
     op();
@@ -81,6 +107,8 @@ class LateEngine final : public CopyEngine {
   runtime::Coherence& c_;
   std::mt19937 rng_;
   const bool device_like_;
+  const bool publishes_;
+  uint64_t published_ = 0;
   Ticket next_ = 0;
   std::map<Ticket, std::function<void()>> pending_;
   uint64_t ran_ = 0;

@@ -26,6 +26,7 @@ TEST(ConfigTest, DefaultsWhenNothingIsSet) {
   EXPECT_EQ(c->shm_dir, "/dev/shm");
   EXPECT_EQ(c->cuda_reduce, "staged");
   EXPECT_EQ(c->cuda_kv_copy, "engine");
+  EXPECT_EQ(c->cuda_doorbell, "host");
   EXPECT_FALSE(c->comm_slot_bytes_set);  // so a GPU communicator may choose its slots
 }
 
@@ -42,7 +43,8 @@ TEST(ConfigTest, ReadsEveryVariable) {
                   {"CXLRT_LOG_LEVEL", "debug"},
                   {"CXLRT_COMM_SLOT_BYTES", "8192"},
                   {"CXLRT_CUDA_REDUCE", "mapped"},
-                  {"CXLRT_CUDA_KV_COPY", "kernel"}});
+                  {"CXLRT_CUDA_KV_COPY", "kernel"},
+                  {"CXLRT_CUDA_DOORBELL", "copy"}});
   CXLRT_ASSERT_OK(c);
   EXPECT_EQ(c->pool, "emu://x?size=8M");
   EXPECT_EQ(c->host_id, 3);
@@ -58,6 +60,7 @@ TEST(ConfigTest, ReadsEveryVariable) {
   EXPECT_TRUE(c->comm_slot_bytes_set);
   EXPECT_EQ(c->cuda_reduce, "mapped");
   EXPECT_EQ(c->cuda_kv_copy, "kernel");
+  EXPECT_EQ(c->cuda_doorbell, "copy");
 }
 
 TEST(ConfigTest, BadValuesNameTheVariable) {
