@@ -140,7 +140,7 @@ enum class Doorbell {
   // CPU polls the flag, then starts its copy out (the transport's way).
   kHost,
   // The copy engine writes the flag after the bytes (an 8-byte copy from
-  // pinned memory on the same stream); the peer's CPU polls it.
+  // device memory on the same stream); the peer's CPU polls it.
   kCopy,
   // A one-thread kernel stores the flag through the mapped pool; the
   // peer's stream waits in a one-thread kernel that polls it.

@@ -29,9 +29,7 @@ std::string CudaError(cudaError_t e) {
   return absl::StrCat(cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
 }
 
-absl::Status Failed(const char* what, cudaError_t e) {
-  return absl::InternalError(absl::StrCat(what, ": ", CudaError(e)));
-}
+using cuda::Failed;
 
 struct Availability {
   bool available = false;
@@ -213,7 +211,7 @@ class CudaEngine final : public DeviceEngine {
     std::memcpy(img, image, n);
     for (size_t i = 0; i < n_after; ++i) {
       const Ticket t = after[i];
-      if (t != 0 && t + kEvents > next_) {  // else long complete, its event reused
+      if (t != 0 && !EventReused(t)) {  // a reused one's ticket completed long ago
         Check(cudaStreamWaitEvent(to_pool_, events_[t % kEvents], 0), "stream wait");
       }
     }
@@ -341,8 +339,8 @@ class CudaEngine final : public DeviceEngine {
 
   bool Poll(Ticket t) override {
     if (t == 0) return true;
-    if (!error_.ok()) return false;         // Wait reports it
-    if (t + kEvents <= next_) return true;  // its event was reused: waited for then
+    if (!error_.ok()) return false;   // Wait reports it
+    if (EventReused(t)) return true;  // waited for before its event was reused
     const cudaError_t e = cudaEventQuery(events_[t % kEvents]);
     if (e == cudaSuccess) return true;
     if (e != cudaErrorNotReady) Check(e, "a copy or kernel");
@@ -570,6 +568,8 @@ class CudaEngine final : public DeviceEngine {
   uint64_t* done_host_ = nullptr;               // pinned; the proxy stores, streams wait
   uint64_t* done_dev_ = nullptr;                // its device address
   cuda::StreamValue64Fn wait_value_ = nullptr;  // cuStreamWaitValue64, when the driver has it
+  // Ticket t's event now serves a later ticket (t completed before that).
+  bool EventReused(Ticket t) const { return t + kEvents <= next_; }
   // CXLRT_CUDA_DOORBELL=copy: post lines written by the copy engine, from
   // a pinned ring of their images.
   const bool copy_doorbells_ = runtime::GetConfig().cuda_doorbell == "copy";
@@ -593,6 +593,10 @@ cuda::StreamValue64Fn DriverCall(const char* name) {
 }  // namespace
 
 namespace cuda {
+
+absl::Status Failed(const char* what, cudaError_t e) {
+  return absl::InternalError(absl::StrCat(what, ": ", CudaError(e)));
+}
 
 StreamValue64Fn StreamWaitValue64() {
   static const StreamValue64Fn fn = DriverCall("cuStreamWaitValue64");

@@ -25,9 +25,8 @@ namespace {
 
 absl::Status Check(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return absl::OkStatus();
-  (void)cudaGetLastError();
-  return absl::InternalError(
-      absl::StrCat(what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
+  (void)cudaGetLastError();  // not to surface again in a later call
+  return cuda::Failed(what, e);
 }
 
 absl::Status CheckDriver(int rc, const char* what) {

@@ -1,6 +1,7 @@
-// CUDA driver calls cxlrt makes without linking the driver library: the
-// runtime looks them up (cudaGetDriverEntryPointByVersion), once per
-// process. Internal to collectives/cuda/.
+// What the files of collectives/cuda/ share: a CUDA error as a status, and
+// the driver calls cxlrt makes without linking the driver library (the
+// runtime looks them up, cudaGetDriverEntryPointByVersion, once per
+// process). Internal to collectives/cuda/.
 //
 // Thread-safety: thread-safe.
 #pragma once
@@ -9,7 +10,12 @@
 
 #include <cstdint>
 
+#include "absl/status/status.h"
+
 namespace cxlrt::collectives::cuda {
+
+// kInternal: "<what>: <error name> (<error string>)".
+absl::Status Failed(const char* what, cudaError_t e);
 
 // cuStreamWaitValue64 / cuStreamWriteValue64: `addr` is a device address
 // of pinned or registered host memory (cudaHostGetDevicePointer). Return 0
