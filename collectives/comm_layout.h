@@ -3,8 +3,8 @@
 //
 //   CommHeaderLayout                      written by rank 0 once
 //   RankLayout[nranks]                    rank r only: join, ring, done, posts
-//   P2pLayout[nranks][nranks]             [s][d]: s writes line 0, d line 1
-//   p2p buffers: [s][d] x p2p_bytes       written by s only
+//   P2pLayout[nranks][nranks]             [s][d]: s writes the chunk lines, d consumed
+//   p2p buffers: [s][d] x p2p_bytes       written by s only, kP2pSlots chunks each
 //
 // Each rank has a ring of `depth` data slots, each a block of its own
 // (private: they die with its host), slot i on device (rank + i) % devices
@@ -22,7 +22,7 @@
 namespace cxlrt::collectives {
 
 inline constexpr uint64_t kCommMagic = 0x314d4354524c5843ull;  // "CXLRTCM1"
-inline constexpr uint32_t kCommVersion = 3;
+inline constexpr uint32_t kCommVersion = 4;
 inline constexpr size_t kInlineBytes = 64;
 // Slots (and post lines) per rank: a rank posts up to depth - 1 chunks
 // ahead of the slowest peer's reads.
@@ -112,17 +112,27 @@ struct RankLayout {
 static_assert(sizeof(RankLayout) == 4 * 64 + kMaxDepth * 128);
 static_assert(sizeof(RankLayout) % 128 == 0 && offsetof(RankLayout, post) % 128 == 0);
 
-// Point-to-point channel s -> d: one buffer, one chunk in flight.
-struct P2pLayout {
-  uint64_t posted;    // s: chunks published so far
-  uint64_t bytes;     // this chunk's bytes
-  uint64_t total;     // elements of the whole Send
-  uint64_t type;      // DataType
-  uint64_t instance;  // the communicator instance it belongs to
-  uint8_t pad0[24];
-  uint64_t consumed;  // d: chunks read so far
-  uint8_t pad1[56];
+// Point-to-point channel s -> d: a ring of kP2pSlots chunks, each
+// p2p_bytes / kP2pSlots bytes of the pair's buffer. Chunk q (counted over
+// the channel's life, from 1) uses slot (q - 1) % kP2pSlots: s writes its
+// bytes once d has consumed chunk q - kP2pSlots, then publishes its header
+// with q as the flag; d stores q into `consumed` once it has read them. So
+// s copies chunk q + 1 into the pool while d copies chunk q out.
+inline constexpr uint32_t kP2pSlots = 4;
+struct P2pChunkLayout {  // a 128-byte pair, s only
+  uint64_t posted;       // the flag: the chunk's number q, stored last
+  uint64_t bytes;        // this chunk's bytes
+  uint64_t total;        // elements of the whole Send
+  uint64_t type;         // DataType
+  uint64_t instance;     // the communicator instance it belongs to
+  uint8_t pad[88];
 };
-static_assert(sizeof(P2pLayout) == 128);
+static_assert(sizeof(P2pChunkLayout) == 128);
+struct P2pLayout {
+  P2pChunkLayout chunk[kP2pSlots];  // s
+  uint64_t consumed;                // d: chunks read so far
+  uint8_t pad[120];
+};
+static_assert(sizeof(P2pLayout) == (kP2pSlots + 1) * 128);
 
 }  // namespace cxlrt::collectives

@@ -43,8 +43,23 @@ Plan PlanFor(uint32_t n, uint64_t p2p_bytes) {
 }
 
 // Slot and p2p buffer sizes a header may carry: a multiple of 64 in
-// [64, 1 GiB] (rank 0 rounds what it is given up to 64 B).
+// [64, 1 GiB], and for p2p buffers of 64 x kP2pSlots, so that each chunk
+// slot is whole lines (rank 0 rounds what it is given up to that).
+constexpr uint64_t kP2pAlign = 64 * kP2pSlots;
 bool ValidBufferBytes(uint64_t v) { return v >= 64 && v <= (1ull << 30) && v % 64 == 0; }
+bool ValidP2pBytes(uint64_t v) { return ValidBufferBytes(v) && v % kP2pAlign == 0; }
+
+// Send/Recv channels when neither the options nor CXLRT_COMM_P2P_BYTES say:
+// the largest power of two in [64 KiB, 1 MiB] whose n x n channels take at
+// most 1/16 of the pool. Chunks of 64-256 KiB (a quarter of it) beat the
+// 16 KiB of 64 KiB channels by up to 1.5x from 1 MiB messages up
+// (docs/collectives.md, "Send / Recv"); a pool shared by many ranks keeps
+// its room for data.
+uint64_t DefaultP2pBytes(uint64_t pool_size, int n) {
+  uint64_t b = uint64_t{1} << 20;
+  while (b > (64u << 10) && b * n * n > pool_size / 16) b /= 2;
+  return b;
+}
 bool ValidDepth(uint64_t d) { return d >= kMinDepth && d <= kMaxDepth; }
 
 absl::StatusOr<int> EnvInt(const char* name) {
@@ -155,11 +170,12 @@ Communicator::Communicator(allocator::Allocator& alloc, std::string name, int nr
     }
   }
   if (options_.p2p_bytes == 0) options_.p2p_bytes = cfg.comm_p2p_bytes;
+  if (options_.p2p_bytes == 0) options_.p2p_bytes = DefaultP2pBytes(pool_.size(), nranks);
   if (options_.oneshot_max == 0) options_.oneshot_max = cfg.allreduce_oneshot_max;
   if (options_.depth == 0) options_.depth = cfg.comm_depth;
   if (options_.chunk_bytes == 0) options_.chunk_bytes = cfg.comm_chunk_bytes;
   options_.slot_bytes = RoundUp(options_.slot_bytes, 64);
-  options_.p2p_bytes = RoundUp(options_.p2p_bytes, 64);
+  options_.p2p_bytes = RoundUp(options_.p2p_bytes, kP2pAlign);
   watch_ = std::make_unique<PeerWatch>(*this);
   cpu_engine_ = MakeCpuEngine(c_);
   // More ranks than cores (emulated hosts on one machine): a waiter that
@@ -228,7 +244,7 @@ absl::Status Communicator::Join() {
   };
   CommHeaderLayout h = {};
   if (rank_ == 0) {
-    if (!ValidBufferBytes(options_.slot_bytes) || !ValidBufferBytes(options_.p2p_bytes) ||
+    if (!ValidBufferBytes(options_.slot_bytes) || !ValidP2pBytes(options_.p2p_bytes) ||
         !ValidDepth(options_.depth)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "communicator ", name_, ": slot_bytes ", options_.slot_bytes, " and p2p_bytes ",
@@ -339,12 +355,11 @@ absl::Status Communicator::Join() {
     // Every size in the header drives an access: check each against what
     // rank 0 can have written (Communicator() rounds both to 64 B) before
     // the plan multiplies them (issue 13, defect 8).
-    if (!ValidBufferBytes(h.slot_bytes) || !ValidBufferBytes(h.p2p_bytes) || !ValidDepth(h.depth)) {
-      return absl::DataLossError(
-          absl::StrCat("communicator ", name_, "'s header has slot_bytes ", h.slot_bytes,
-                       ", p2p_bytes ", h.p2p_bytes, " and depth ", h.depth,
-                       ": the sizes must be multiples of 64 in [64, 1 GiB], ", "the depth in [",
-                       kMinDepth, ", ", kMaxDepth, "]"));
+    if (!ValidBufferBytes(h.slot_bytes) || !ValidP2pBytes(h.p2p_bytes) || !ValidDepth(h.depth)) {
+      return absl::DataLossError(absl::StrCat(
+          "communicator ", name_, "'s header has slot_bytes ", h.slot_bytes, ", p2p_bytes ",
+          h.p2p_bytes, " and depth ", h.depth, ": the sizes must be in [64, 1 GiB], multiples of ",
+          "64 (p2p_bytes of ", kP2pAlign, "), the depth in [", kMinDepth, ", ", kMaxDepth, "]"));
     }
     const Plan plan = PlanFor(h.nranks, h.p2p_bytes);
     auto found = alloc_.Find(name_);

@@ -68,13 +68,17 @@ struct CommOptions {
   // CXLRT_COMM_CHUNK_BYTES, else the measured table of docs/collectives.md.
   // Every rank must pass the same value.
   uint64_t chunk_bytes = 0;
-  // Bytes of each point-to-point buffer. 0: CXLRT_COMM_P2P_BYTES, else 64 KiB.
+  // Bytes of each Send/Recv channel (one per ordered pair of ranks, a ring
+  // of kP2pSlots chunks; rounded up to 256 B). 0: CXLRT_COMM_P2P_BYTES, else
+  // the largest power of two in [64 KiB, 1 MiB] whose n x n channels take
+  // at most 1/16 of the pool. Rank 0's value wins.
   uint64_t p2p_bytes = 0;
   // All-reduces up to this many bytes run one-shot, larger ones two-shot.
   // 0: CXLRT_ALLREDUCE_ONESHOT_MAX, else 64 KiB.
   uint64_t oneshot_max = 0;
-  // Moves the bytes of every collective (not of Send/Recv). Null: the CPU
-  // engine. Not owned; must outlive the communicator.
+  // Moves the bytes of every collective, Send and Recv. Null: the CPU
+  // engine, or the CUDA engine for calls with GPU buffers. Not owned; must outlive the
+  // communicator.
   CopyEngine* engine = nullptr;
   // NCCL's model: a collective is queued and returns at once; a proxy
   // thread of the communicator runs the calls in order. A device call's
@@ -173,6 +177,8 @@ class Communicator {
 
   // Posts made so far (for tests and benchmarks).
   uint64_t posts() const { return transport_->staged(); }
+  // Bytes of each Send/Recv channel, as rank 0 chose them.
+  uint64_t p2p_bytes() const { return p2p_bytes_; }
   // Where this rank's data slots lie in the pool (diagnostics, tests).
   const std::vector<PoolOffset>& slots() const { return my_slots_; }
 
@@ -189,11 +195,21 @@ class Communicator {
   PoolOffset RankAt(int r) const {
     return block_ + sizeof(CommHeaderLayout) + uint64_t(r) * sizeof(RankLayout);
   }
+  // Channel s -> d (comm_layout.h, P2pLayout): chunk q's header line and
+  // bytes, and the receiver's consumed counter.
   PoolOffset P2pAt(int s, int d) const {
     return block_ + p2p_offset_ + (uint64_t(s) * nranks_ + d) * sizeof(P2pLayout);
   }
-  PoolOffset P2pBufferAt(int s, int d) const {
-    return block_ + p2p_buffers_offset_ + (uint64_t(s) * nranks_ + d) * p2p_bytes_;
+  PoolOffset P2pChunkAt(int s, int d, uint64_t q) const {
+    return P2pAt(s, d) + (q - 1) % kP2pSlots * sizeof(P2pChunkLayout);
+  }
+  PoolOffset P2pConsumedAt(int s, int d) const {
+    return P2pAt(s, d) + offsetof(P2pLayout, consumed);
+  }
+  uint64_t p2p_chunk_bytes() const { return p2p_bytes_ / kP2pSlots; }
+  PoolOffset P2pBufferAt(int s, int d, uint64_t q) const {
+    return block_ + p2p_buffers_offset_ + (uint64_t(s) * nranks_ + d) * p2p_bytes_ +
+           (q - 1) % kP2pSlots * p2p_chunk_bytes();
   }
 
   // Starts a collective: checks the communicator is usable and the

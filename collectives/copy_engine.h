@@ -75,6 +75,11 @@ class CopyEngine {
 
   // True once `t` has completed.
   virtual bool Poll(Ticket t) = 0;
+  // OK, or the error that made the engine unusable: no ticket completes
+  // after it (Poll stays false, Wait returns it). A caller that only polls
+  // while it waits for a peer asks this, so that the error ends the call
+  // at once rather than at its deadline (the peer may be waiting for us).
+  virtual absl::Status failure() const { return absl::OkStatus(); }
   // Waits until `t` has completed: OK, or kDeadlineExceeded (the engine is
   // then unusable and the communicator fails).
   virtual absl::Status Wait(Ticket t, absl::Time deadline) = 0;

@@ -1,6 +1,12 @@
-// Send and Recv: one channel per ordered pair of ranks (docs/collectives.md,
-// "Send / Recv").
+// Send and Recv: one channel per ordered pair of ranks, a ring of
+// kP2pSlots chunks (comm_layout.h, P2pLayout; docs/collectives.md,
+// "Send / Recv"). A chunk's bytes move through the call's copy engine: the
+// sender publishes a chunk once its copy into the pool has completed, and
+// the receiver marks it consumed once its copy out has, each in chunk
+// order. The sender fills chunk q + 1 while the receiver empties chunk q,
+// and an engine that completes late (a GPU's) has several chunks in flight.
 #include <algorithm>
+#include <deque>
 
 #include "absl/strings/str_cat.h"
 #include "collectives/communicator.h"
@@ -12,10 +18,32 @@ using algorithms::Chunks;
 
 namespace {
 
-// Runs one engine copy of a point-to-point chunk to completion.
-absl::Status Finish(CopyEngine& e, CopyEngine::Ticket t, absl::Time deadline) {
-  if (t == 0) return absl::OkStatus();
-  return e.Wait(t, deadline);
+// A chunk whose engine copy may still be in flight.
+struct InFlight {
+  uint64_t q;  // its number on the channel
+  size_t len;
+  CopyEngine::Ticket t;
+};
+
+// Runs `finish` on the chunks at the front of `flight` whose copies have
+// completed, in chunk order; with `wait`, on all of them.
+template <typename Finish>
+absl::Status Retire(CopyEngine& e, std::deque<InFlight>& flight, bool wait, absl::Time deadline,
+                    Finish&& finish) {
+  for (; !flight.empty(); flight.pop_front()) {
+    const InFlight& f = flight.front();
+    if (!e.Poll(f.t)) {
+      // A failed engine's error ends the call now, polled or waited for.
+      absl::Status s = wait ? e.Wait(f.t, deadline) : e.failure();
+      if (!s.ok()) {
+        return absl::Status(s.code(),
+                            absl::StrCat("the ", e.name(), " copy engine: ", s.message()));
+      }
+      if (!wait) return absl::OkStatus();
+    }
+    finish(f);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -30,41 +58,48 @@ absl::Status Communicator::Send(const void* buf, size_t count, DataType type, in
     return absl::InvalidArgumentError(
         absl::StrCat("Send to rank ", peer, " from rank ", rank_, " of ", nranks_));
   }
-  // Device buffers move through the CUDA engine; host ones as before.
   CXLRT_ASSIGN_OR_RETURN(CopyEngine * engine, EngineFor("Send", {buf}, stream));
-  DeviceEngine* dev = DeviceOf(engine);
   deadline_ = absl::Now() + options_.timeout;
-  const size_t bytes = count * SizeOf(type);
+  auto failed = [&](const absl::Status& s) {
+    return Fail(absl::Status(s.code(), absl::StrCat("Send from rank ", rank_, " to rank ", peer,
+                                                    " of ", name_, ": ", s.message())));
+  };
+  const size_t bytes = count * SizeOf(type), chunk = p2p_chunk_bytes();
   const auto* in = static_cast<const uint8_t*>(buf);
-  const PoolOffset line = P2pAt(rank_, peer);
-  const PoolOffset consumed = line + offsetof(P2pLayout, consumed);
-  for (size_t k = 0, at = 0; k < Chunks(bytes, p2p_bytes_); ++k, at += p2p_bytes_) {
-    const size_t len = std::min<size_t>(p2p_bytes_, bytes - at);
-    const uint64_t seq = ++sent_[peer];
-    absl::Status s = runtime::WaitUntil([&] { return c_.LoadFlag(consumed) + 1 >= seq; }, deadline_,
-                                        "the receiver", watch(), kDataPathYield, spins_);
-    if (!s.ok()) {
-      return Fail(absl::Status(s.code(), absl::StrCat("Send from rank ", rank_, " to rank ", peer,
-                                                      " of ", name_, ": ", s.message())));
-    }
-    if (dev) {
-      if (absl::Status d =
-              Finish(*dev, dev->ToPool(P2pBufferAt(rank_, peer), in + at, len), deadline_);
-          !d.ok()) {
-        return Fail(absl::Status(d.code(), absl::StrCat("Send from rank ", rank_, " to rank ", peer,
-                                                        ": the cuda copy engine: ", d.message())));
-      }
-    } else {
-      c_.CopyToPool(P2pBufferAt(rank_, peer), in + at, len);
-    }
-    P2pLayout p = {};
-    p.bytes = len;
-    p.total = count;
-    p.type = static_cast<uint64_t>(type);
-    p.instance = instance_;
-    PublishBody(line, &p, offsetof(P2pLayout, pad0));
-    c_.StoreFlag(line, seq);
+  const PoolOffset consumed = P2pConsumedAt(rank_, peer);
+  std::deque<InFlight> copying;
+  auto publish = [&](bool wait) {
+    return Retire(*engine, copying, wait, deadline_, [&](const InFlight& f) {
+      P2pChunkLayout h = {};
+      h.bytes = f.len;
+      h.total = count;
+      h.type = static_cast<uint64_t>(type);
+      h.instance = instance_;
+      const PoolOffset line = P2pChunkAt(rank_, peer, f.q);
+      PublishBody(line, &h, offsetof(P2pChunkLayout, pad));
+      c_.StoreFlag(line, f.q);
+    });
+  };
+  for (size_t k = 0, at = 0; k < Chunks(bytes, chunk); ++k, at += chunk) {
+    const size_t len = std::min(chunk, bytes - at);
+    const uint64_t q = ++sent_[peer];
+    // Chunk q reuses the slot of chunk q - kP2pSlots. While waiting for the
+    // receiver to consume that one, publish what completed: it may be
+    // waiting for exactly that.
+    absl::Status progress;
+    absl::Status s = runtime::WaitUntil(
+        [&] {
+          progress = publish(/*wait=*/false);
+          return !progress.ok() || c_.LoadFlag(consumed) + kP2pSlots >= q;
+        },
+        deadline_, "the receiver", watch(), kDataPathYield, spins_);
+    if (!progress.ok()) return failed(progress);
+    if (!s.ok()) return failed(s);
+    copying.push_back({q, len, engine->ToPool(P2pBufferAt(rank_, peer, q), in + at, len)});
+    if (absl::Status p = publish(/*wait=*/false); !p.ok()) return failed(p);
   }
+  // Send returns once its last chunk is in the pool.
+  if (absl::Status p = publish(/*wait=*/true); !p.ok()) return failed(p);
   return EndOnStream(engine, stream);
 }
 
@@ -78,26 +113,41 @@ absl::Status Communicator::Recv(void* buf, size_t count, DataType type, int peer
         absl::StrCat("Recv from rank ", peer, " at rank ", rank_, " of ", nranks_));
   }
   CXLRT_ASSIGN_OR_RETURN(CopyEngine * engine, EngineFor("Recv", {buf}, stream));
-  DeviceEngine* dev = DeviceOf(engine);
   deadline_ = absl::Now() + options_.timeout;
-  const size_t bytes = count * SizeOf(type);
+  auto failed = [&](const absl::Status& s) {
+    return Fail(absl::Status(s.code(), absl::StrCat("Recv at rank ", rank_, " from rank ", peer,
+                                                    " of ", name_, ": ", s.message())));
+  };
+  const size_t bytes = count * SizeOf(type), chunk = p2p_chunk_bytes();
   auto* out = static_cast<uint8_t*>(buf);
-  const PoolOffset line = P2pAt(peer, rank_);
-  for (size_t k = 0, at = 0; k < Chunks(bytes, p2p_bytes_); ++k, at += p2p_bytes_) {
-    const size_t len = std::min<size_t>(p2p_bytes_, bytes - at);
-    const uint64_t seq = ++received_[peer];
-    absl::Status s = runtime::WaitUntil([&] { return c_.LoadFlag(line) >= seq; }, deadline_,
-                                        "the sender", watch(), kDataPathYield, spins_);
-    if (!s.ok()) {
-      return Fail(absl::Status(s.code(), absl::StrCat("Recv at rank ", rank_, " from rank ", peer,
-                                                      " of ", name_, ": ", s.message())));
-    }
-    const P2pLayout p = c_.FetchObject<P2pLayout>(line);
-    if (p.instance != instance_ || p.bytes > p2p_bytes_) {
-      return Fail(absl::DataLossError(absl::StrCat(
-          "Recv at rank ", rank_, " from rank ", peer, " of ", name_, ": the channel holds ",
-          p.bytes, " bytes of communicator instance ", absl::Hex(p.instance), " (this one is ",
-          absl::Hex(instance_), ", buffers of ", p2p_bytes_, " bytes)")));
+  const PoolOffset consumed = P2pConsumedAt(peer, rank_);
+  std::deque<InFlight> reading;
+  // A chunk is the sender's again once its bytes are out of the pool.
+  auto release = [&](bool wait) {
+    return Retire(*engine, reading, wait, deadline_,
+                  [&](const InFlight& f) { c_.StoreFlag(consumed, f.q); });
+  };
+  for (size_t k = 0, at = 0; k < Chunks(bytes, chunk); ++k, at += chunk) {
+    const size_t len = std::min(chunk, bytes - at);
+    const uint64_t q = ++received_[peer];
+    const PoolOffset line = P2pChunkAt(peer, rank_, q);
+    absl::Status progress;
+    absl::Status s = runtime::WaitUntil(
+        [&] {
+          progress = release(/*wait=*/false);
+          return !progress.ok() || c_.LoadFlag(line) >= q;
+        },
+        deadline_, "the sender", watch(), kDataPathYield, spins_);
+    if (!progress.ok()) return failed(progress);
+    if (!s.ok()) return failed(s);
+    // The sender writes this slot again only after we consume chunk q, so
+    // its line holds exactly chunk q; anything else is a corrupt channel.
+    const P2pChunkLayout p = c_.FetchObject<P2pChunkLayout>(line);
+    if (p.posted != q || p.instance != instance_ || p.bytes > chunk) {
+      return failed(absl::DataLossError(absl::StrCat(
+          "the channel's chunk line holds chunk ", p.posted, " (", p.bytes,
+          " bytes) of communicator instance ", absl::Hex(p.instance), ", not chunk ", q,
+          " of at most ", chunk, " bytes of this one (", absl::Hex(instance_), ")")));
     }
     if (p.total != count || p.type != static_cast<uint64_t>(type) || p.bytes != len) {
       return Fail(absl::InvalidArgumentError(
@@ -106,17 +156,12 @@ absl::Status Communicator::Recv(void* buf, size_t count, DataType type, int peer
                        p.type < kNumDataTypes ? DataTypeName(static_cast<DataType>(p.type)) : "?",
                        ") on ", name_)));
     }
-    if (len && dev) {
-      const uint8_t* from = c_.BeginRead(P2pBufferAt(peer, rank_), len);
-      if (absl::Status d = Finish(*dev, dev->FromPool(out + at, from, len), deadline_); !d.ok()) {
-        return Fail(absl::Status(d.code(), absl::StrCat("Recv at rank ", rank_, " from rank ", peer,
-                                                        ": the cuda copy engine: ", d.message())));
-      }
-    } else if (len) {
-      c_.CopyFromPool(out + at, P2pBufferAt(peer, rank_), len);
-    }
-    c_.StoreFlag(P2pAt(peer, rank_) + offsetof(P2pLayout, consumed), seq);
+    const CopyEngine::Ticket t =
+        len ? engine->FromPool(out + at, c_.BeginRead(P2pBufferAt(peer, rank_, q), len), len) : 0;
+    reading.push_back({q, len, t});
+    if (absl::Status r = release(/*wait=*/false); !r.ok()) return failed(r);
   }
+  if (absl::Status r = release(/*wait=*/true); !r.ok()) return failed(r);
   return EndOnStream(engine, stream);
 }
 

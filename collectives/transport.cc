@@ -156,12 +156,15 @@ absl::Status Transport::Progress(uint64_t through) {
     while (!p.after.empty()) {
       const CopyEngine::Ticket t = p.after.back();
       if (t != 0 && !engine_->Poll(t)) {
-        if (!wait) return absl::OkStatus();
-        if (absl::Status s = engine_->Wait(t, deadline_); !s.ok()) {
+        // A failed engine completes nothing again: its error ends the call
+        // now, polled or waited for.
+        absl::Status s = wait ? engine_->Wait(t, deadline_) : engine_->failure();
+        if (!s.ok()) {
           return Fail(absl::Status(
               s.code(), absl::StrCat(name_, " rank ", rank_, " in ", Describe(desc_), ": the ",
                                      engine_->name(), " copy engine: ", s.message())));
         }
+        if (!wait) return absl::OkStatus();
       }
       p.after.pop_back();
     }

@@ -29,7 +29,9 @@ constexpr ConfigVar kTable[] = {
     {"CXLRT_COMM_SLOT_BYTES", "1048576",
      "Bytes of each of a rank's data slots in a communicator (the largest chunk it posts); "
      "unset on a machine with a GPU: 4194304 (docs/gpu.md)."},
-    {"CXLRT_COMM_P2P_BYTES", "65536", "Bytes of each Send/Recv buffer (one per rank pair)."},
+    {"CXLRT_COMM_P2P_BYTES", "0",
+     "Bytes of each Send/Recv channel (one per ordered rank pair, a ring of 4 chunks); 0: the "
+     "largest power of two in [64 KiB, 1 MiB] whose n x n channels take at most 1/16 of the pool."},
     {"CXLRT_ALLREDUCE_ONESHOT_MAX", "65536",
      "All-reduces up to this many bytes run one-shot; larger ones two-shot."},
     {"CXLRT_COMM_DEPTH", "4",

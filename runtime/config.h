@@ -29,7 +29,7 @@ struct Config {
   uint32_t comm_timeout_ms = 60000;           // CXLRT_COMM_TIMEOUT_MS
   uint32_t comm_slot_bytes = 1 << 20;         // CXLRT_COMM_SLOT_BYTES
   bool comm_slot_bytes_set = false;           // CXLRT_COMM_SLOT_BYTES was given
-  uint32_t comm_p2p_bytes = 64 << 10;         // CXLRT_COMM_P2P_BYTES
+  uint32_t comm_p2p_bytes = 0;                // CXLRT_COMM_P2P_BYTES; 0: by the pool's size
   uint32_t allreduce_oneshot_max = 64 << 10;  // CXLRT_ALLREDUCE_ONESHOT_MAX
   uint32_t comm_depth = 4;                    // CXLRT_COMM_DEPTH
   uint32_t comm_chunk_bytes = 0;              // CXLRT_COMM_CHUNK_BYTES, 0: the table

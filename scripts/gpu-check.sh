@@ -12,7 +12,7 @@
 #      MiB blocks from and into device memory; 2- and 4-rank all-reduce and
 #      all-gather on device buffers (busbw, #wrong) under MPS, with the
 #      staged/mapped reductions, chunk sizes and pipeline depths side by
-#      side.
+#      side; 2-rank Send/Recv of device buffers at two channel sizes.
 # Everything goes to $OUT (default ./gpu-out); a short summary is printed
 # last. Each step has its own time limit, so one hang does not cost the rest.
 set -uo pipefail
@@ -93,6 +93,11 @@ for r in 2 4; do
   step "allreduce_$r" 60 "$bin/cxlrt" bench allreduce --device --ranks "$r" "${coll[@]}"
   step "allgather_$r" 60 "$bin/cxlrt" bench allgather --device --ranks "$r" "${coll[@]}"
 done
+# Send/Recv: the channel ring with the default channels (1 MiB: chunks of
+# 256 KiB) and with 16 MiB ones (chunks of 4 MiB).
+step sendrecv_2 60 "$bin/cxlrt" bench sendrecv --device --ranks 2 "${coll[@]}"
+step sendrecv_2_p2p16M 60 env CXLRT_COMM_P2P_BYTES=16777216 "$bin/cxlrt" bench sendrecv --device \
+  --ranks 2 "${coll[@]}"
 step allreduce_2_mapped 60 env CXLRT_CUDA_REDUCE=mapped "$bin/cxlrt" bench allreduce --device --ranks 2 "${coll[@]}"
 for c in 1048576 2097152 4194304; do
   step "allreduce_2_chunk$c" 60 env CXLRT_COMM_CHUNK_BYTES=$c "$bin/cxlrt" bench allreduce --device \
@@ -127,7 +132,7 @@ echo "== doorbell"; grep -v '^# cxlrt' "$LOG/doorbell.txt" | tail -9
 for f in allreduce_2_nomps allreduce_2 allreduce_4 allgather_2 allgather_4 allreduce_2_mapped \
   allreduce_2_chunk1048576 allreduce_2_chunk2097152 allreduce_2_chunk4194304 \
   allreduce_4_depth6 allreduce_4_depth8 allreduce_4_chunk8M allreduce_2_copybell \
-  allreduce_4_copybell allreduce_host2; do
+  allreduce_4_copybell sendrecv_2 sendrecv_2_p2p16M allreduce_host2; do
   echo "== $f"; grep -v '^#' "$LOG/$f.txt" | grep -v '^ *device' | tail -7 | cut -c1-112
 done
 echo "== gpu_test"; grep -E "FAILED|PASSED|SKIPPED|Failure|rank [0-9]" "$LOG/gpu_test.txt" | head -20

@@ -26,7 +26,7 @@ MIN=${MIN:-64K}
 MAX=${MAX:-64M}
 ITERS=${ITERS:-20}
 WARMUP=${WARMUP:-5}
-COLLS=${COLLS:-"allreduce allgather broadcast reducescatter alltoall"}
+COLLS=${COLLS:-"allreduce allgather broadcast reducescatter alltoall sendrecv"}
 
 bytes() {  # 64K -> 65536
   /usr/bin/python3 -c "import sys; s=sys.argv[1].upper(); m={'K':1<<10,'M':1<<20,'G':1<<30}

@@ -1,7 +1,10 @@
 /* Open MPI side of bench/compare/collectives.sh: nccl-tests' sizes and bus
  * bandwidth for MPI_Allreduce, MPI_Allgather, MPI_Bcast,
- * MPI_Reduce_scatter_block and MPI_Alltoall on float32 (sum), one JSON
- * object per size on rank 0's stdout.
+ * MPI_Reduce_scatter_block and MPI_Alltoall on float32 (sum), and for
+ * sendrecv as `cxlrt bench sendrecv` runs it (a ring: each rank sends to
+ * the next and receives from the previous, even ranks sending first, with
+ * blocking MPI_Send and MPI_Recv), one JSON object per size on rank 0's
+ * stdout.
  * Usage: mpi_coll COLLECTIVE MIN_BYTES MAX_BYTES FACTOR ITERS WARMUP */
 #include <mpi.h>
 #include <stdio.h>
@@ -10,12 +13,23 @@
 
 static double bus_factor(const char* c, int n) {
   if (!strcmp(c, "allreduce")) return 2.0 * (n - 1) / n;
-  if (!strcmp(c, "broadcast")) return 1.0;
+  if (!strcmp(c, "broadcast") || !strcmp(c, "sendrecv")) return 1.0;
   return (double)(n - 1) / n;
 }
 
 static int run(const char* c, float* s, float* r, size_t total, int n) {
   const size_t per = total / n;
+  if (!strcmp(c, "sendrecv")) {
+    int rank, e = MPI_SUCCESS;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    const int to = (rank + 1) % n, from = (rank + n - 1) % n;
+    for (int step = 0; step < 2 && e == MPI_SUCCESS; ++step) {
+      e = rank % 2 == step
+              ? MPI_Send(s, (int)total, MPI_FLOAT, to, 0, MPI_COMM_WORLD)
+              : MPI_Recv(r, (int)total, MPI_FLOAT, from, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    }
+    return e;
+  }
   if (!strcmp(c, "allreduce")) return MPI_Allreduce(s, r, (int)total, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
   if (!strcmp(c, "allgather"))
     return MPI_Allgather(s, (int)per, MPI_FLOAT, r, (int)per, MPI_FLOAT, MPI_COMM_WORLD);

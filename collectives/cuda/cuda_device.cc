@@ -347,6 +347,8 @@ class CudaEngine final : public DeviceEngine {
     return false;
   }
 
+  absl::Status failure() const override { return error_; }
+
   absl::Status Wait(Ticket t, absl::Time deadline) override {
     for (uint64_t spins = 0;; ++spins) {
       if (Poll(t)) return absl::OkStatus();

@@ -810,6 +810,51 @@ TEST_P(CollectivesTest, EveryCollectiveStaysExactWhenTheEnginePublishesThePostLi
       absl::Seconds(120), o);
 }
 
+// A copy engine that fails (a GPU's sticky error) completes nothing again.
+// A rank that meets it while it waits for a peer (which may be waiting for
+// this rank's next post) must end the call with the engine's error at once,
+// not with "waiting for rank j" at the deadline; the peer then gets
+// kAborted. For a collective and for Send.
+TEST_P(CollectivesTest, AFailedCopyEngineEndsTheCallWithItsErrorNotAtTheDeadline) {
+  for (bool p2p : {false, true}) {
+    SCOPED_TRACE(p2p ? "Send/Recv" : "AllReduce");
+    engine_factory_ = [](runtime::Coherence& c, int r) -> std::unique_ptr<CopyEngine> {
+      auto e = std::make_unique<LateEngine>(c, 55 + r, /*device_like=*/true);
+      if (r == 0) e->FailFrom(6);
+      return e;
+    };
+    CommOptions o;
+    o.slot_bytes = 8192;
+    o.p2p_bytes = 1024;
+    o.timeout = absl::Seconds(100);  // past the test's own limit
+    RunRanks(
+        2,
+        [&](Communicator& comm, allocator::Allocator&) -> std::string {
+          std::vector<float> x(100000, 1.0f), y(x.size());
+          absl::Status s;
+          for (int i = 0; i < 3 && s.ok(); ++i) {
+            if (!p2p) {
+              s = comm.AllReduce(x.data(), y.data(), x.size(), DataType::kFloat32, RedOp::kSum);
+            } else {
+              s = comm.rank() == 0 ? comm.Send(x.data(), x.size(), DataType::kFloat32, 1)
+                                   : comm.Recv(y.data(), y.size(), DataType::kFloat32, 0);
+            }
+          }
+          if (comm.rank() == 0) {
+            if (s.code() != absl::StatusCode::kInternal ||
+                std::string(s.message()).find("injected") == std::string::npos) {
+              return "rank 0 did not report its engine's failure: " + s.ToString();
+            }
+          } else if (s.code() != absl::StatusCode::kAborted) {
+            return "rank 1 did not see rank 0 abort: " + s.ToString();
+          }
+          return "";
+        },
+        absl::Seconds(60), o, "failing");
+    if (HasFailure()) return;
+  }
+}
+
 TEST_P(CollectivesTest, ARankStalledMidStreamDelaysTheOthersButNotTheirResults) {
   // Rank 1 stalls 300 ms before publishing its 7th post (inside a call of
   // many chunks): the others run ahead up to their rings and wait; every
@@ -1388,6 +1433,129 @@ TEST_P(CollectivesTest, ASendMeetingARecvOfAnotherSizeIsAnError) {
         return "";
       },
       absl::Seconds(60), {}, "p2p");
+}
+
+// Send/Recv messages of 0 to hundreds of chunks around a ring of three
+// ranks, every rank sending and receiving, through chunks of 256 B (a ring
+// of kP2pSlots per channel, wrapped many times). With the CPU engine, and
+// with the late engine (device-like): a chunk published before its copy
+// into the pool completed, or marked consumed while its copy out still
+// reads it, hands over wrong bytes.
+TEST_P(CollectivesTest, SendAndRecvStayExactThroughTheChannelRing) {
+  std::vector<LateEngine*> late(3, nullptr);
+  for (bool late_engine : {false, true}) {
+    SCOPED_TRACE(late_engine ? "late engine" : "cpu engine");
+    engine_factory_ = nullptr;
+    if (late_engine) {
+      engine_factory_ = [&](runtime::Coherence& c, int r) -> std::unique_ptr<CopyEngine> {
+        auto e = std::make_unique<LateEngine>(c, 99 + r, /*device_like=*/true);
+        late[r] = e.get();
+        return e;
+      };
+    }
+    CommOptions o;
+    o.p2p_bytes = 1024;
+    RunRanks(
+        3,
+        [&](Communicator& comm, allocator::Allocator&) -> std::string {
+          const int n = comm.size(), r = comm.rank();
+          const int to = (r + 1) % n, from = (r + n - 1) % n;
+          for (size_t count : {size_t{0}, size_t{1}, size_t{63}, size_t{64}, size_t{65},
+                               size_t{1000}, size_t{100003}}) {
+            std::vector<uint32_t> out(count), in(count, 0xdeadbeef);
+            for (size_t i = 0; i < count; ++i) out[i] = static_cast<uint32_t>(r * 1000003 + i);
+            // Rank 0 receives first, the others send first: no cycle of
+            // blocked sends, and messages longer than the ring block.
+            for (int step = 0; step < 2; ++step) {
+              absl::Status s = ((r == 0) == (step == 1))
+                                   ? comm.Send(out.data(), count, DataType::kUint32, to)
+                                   : comm.Recv(in.data(), count, DataType::kUint32, from);
+              if (!s.ok()) return absl::StrCat("count ", count, ": ", s.ToString());
+            }
+            for (size_t i = 0; i < count; ++i) {
+              if (in[i] != static_cast<uint32_t>(from * 1000003 + i)) {
+                return absl::StrCat("count ", count, ": element ", i, " from rank ", from, " is ",
+                                    in[i]);
+              }
+            }
+          }
+          if (late[r] != nullptr && late[r]->most_pending() < 2) {
+            return "the late engine never had two chunks in flight";
+          }
+          return "";
+        },
+        absl::Seconds(120), o, "p2p");
+    if (HasFailure()) return;
+  }
+}
+
+// Unset, a channel is the largest power of two in [64 KiB, 1 MiB] whose
+// n x n channels take at most 1/16 of the pool (512 MiB here); rank 0's
+// choice holds for every rank, and a given size is rounded up to whole
+// chunk lines.
+TEST_P(CollectivesTest, SendRecvChannelsAreSizedByThePoolUnlessTold) {
+  for (auto [n, told, want] :
+       {std::tuple{2, 0, 1 << 20}, std::tuple{8, 0, 512 << 10}, std::tuple{2, 1000, 1024}}) {
+    SCOPED_TRACE(absl::StrCat(n, " ranks, told ", told));
+    CommOptions o;
+    o.p2p_bytes = told;
+    RunRanks(
+        n,
+        [&, want = want](Communicator& comm, allocator::Allocator&) -> std::string {
+          if (comm.p2p_bytes() != static_cast<uint64_t>(want)) {
+            return absl::StrCat("channels of ", comm.p2p_bytes(), " bytes, not ", want);
+          }
+          return "";
+        },
+        absl::Seconds(60), o, "p2p");
+    if (HasFailure()) return;
+  }
+}
+
+// The channel's flow control, told by causality rather than time: a Send
+// of kP2pSlots chunks fits the ring and returns before its Recv begins; a
+// Send of one chunk more returns only after its Recv has begun.
+TEST_P(CollectivesTest, ASendRunsAheadOfItsReceiverByTheRingAndNoFurther) {
+  auto* sh = static_cast<std::atomic<int>*>(
+      mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(sh, MAP_FAILED);
+  std::atomic<int>& sent = sh[0];     // rank 0: Sends returned
+  std::atomic<int>& started = sh[1];  // rank 1: Recvs begun
+  CommOptions o;
+  o.p2p_bytes = 1024;                             // kP2pSlots chunks of 256 B
+  const size_t fits = 1024 / 4, more = fits + 1;  // floats
+  RunRanks(
+      2,
+      [&](Communicator& comm, allocator::Allocator&) -> std::string {
+        std::vector<float> a(fits, 1.0f), b(more, 2.0f);
+        if (comm.rank() == 0) {
+          absl::Status s = comm.Send(a.data(), fits, DataType::kFloat32, 1);
+          if (!s.ok()) return s.ToString();
+          sent = 1;
+          s = comm.Send(b.data(), more, DataType::kFloat32, 1);
+          if (!s.ok()) return s.ToString();
+          if (started.load() < 2)
+            return "a Send longer than the ring returned before its Recv began";
+          return "";
+        }
+        const absl::Time deadline = absl::Now() + absl::Seconds(30);
+        while (sent.load() == 0) {
+          if (absl::Now() > deadline) return "a Send that fits the ring did not return";
+          absl::SleepFor(absl::Milliseconds(1));
+        }
+        started = 1;
+        absl::Status s = comm.Recv(a.data(), fits, DataType::kFloat32, 0);
+        if (!s.ok()) return s.ToString();
+        started = 2;
+        s = comm.Recv(b.data(), more, DataType::kFloat32, 0);
+        if (!s.ok()) return s.ToString();
+        if (a != std::vector<float>(fits, 1.0f) || b != std::vector<float>(more, 2.0f)) {
+          return "wrong bytes received";
+        }
+        return "";
+      },
+      absl::Seconds(60), o, "p2p");
+  munmap(sh, 4096);
 }
 
 TEST_P(CollectivesTest, BadArgumentsAreRefusedWithoutTouchingTheCommunicator) {

@@ -8,6 +8,7 @@
 // Thread-safety: one thread, like every engine.
 #pragma once
 
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -47,6 +48,14 @@ class LateEngine final : public CopyEngine {
   }
   // Post lines this engine published.
   uint64_t published() const { return published_; }
+  // From its `n`th operation on, the engine has failed, as the CUDA engine
+  // after a sticky error: that operation and every later one never
+  // complete, and failure() and Wait return the error.
+  void FailFrom(uint64_t n) { fail_from_ = n; }
+  absl::Status failure() const override {
+    return next_ >= fail_from_ ? absl::InternalError("injected copy-engine failure")
+                               : absl::OkStatus();
+  }
 
   Ticket ToPool(runtime::PoolOffset dst, const void* src, size_t n) override {
     return Add([this, dst, src, n] {
@@ -71,10 +80,12 @@ class LateEngine final : public CopyEngine {
     });
   }
   bool Poll(Ticket t) override {
+    if (t >= fail_from_) return false;
     if (!pending_.empty() && rng_() % 3 == 0) RunOne();
     return !pending_.count(t);
   }
   absl::Status Wait(Ticket t, absl::Time) override {
+    if (t >= fail_from_) return failure();
     while (pending_.count(t)) RunOne();
     return absl::OkStatus();
   }
@@ -86,6 +97,7 @@ class LateEngine final : public CopyEngine {
  private:
   Ticket Add(std::function<void()> op) {
     const Ticket t = ++next_;
+    if (t >= fail_from_) return t;  // never runs
     pending_.emplace(t, std::move(op));
     most_pending_ = std::max(most_pending_, pending_.size());
     return t;
@@ -109,6 +121,7 @@ class LateEngine final : public CopyEngine {
   const bool device_like_;
   const bool publishes_;
   uint64_t published_ = 0;
+  Ticket fail_from_ = UINT64_MAX;
   Ticket next_ = 0;
   std::map<Ticket, std::function<void()>> pending_;
   uint64_t ran_ = 0;

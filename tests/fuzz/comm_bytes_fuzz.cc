@@ -125,7 +125,7 @@ CommOptions Options(const Input& in) {
   CommOptions o;
   o.timeout = in.timeout;
   o.slot_bytes = 4096;
-  o.p2p_bytes = 1024;
+  o.p2p_bytes = 4096;  // chunks of 1 KiB: one holds the large Send
   return o;
 }
 
@@ -258,15 +258,17 @@ absl::Status FuzzPeer(World& w, const Input& in) {
     h.c().Publish(rank1 + offsetof(RankLayout, ring), &ring, sizeof(ring));
     h.c().StoreFlag(rank1, me.state);
     if (in.target == 3) {
-      // One chunk of a Send of `count` floats to rank 0.
-      P2pLayout p = {};
+      // The first chunk of a Send of `count` floats to rank 0: the whole
+      // message.
+      P2pChunkLayout p = {};
       p.posted = 1;
       p.bytes = count * 4;
       p.total = count;
       p.type = static_cast<uint64_t>(DataType::kFloat32);
       p.instance = hdr.instance;
       Patch(in, &p, sizeof(p));
-      const runtime::PoolOffset line = block + hdr.p2p_offset + 2 * sizeof(P2pLayout);  // [1][0]
+      const runtime::PoolOffset line =
+          block + hdr.p2p_offset + 2 * sizeof(P2pLayout) + offsetof(P2pLayout, chunk);  // [1][0]
       h.c().Publish(line + 8, reinterpret_cast<uint8_t*>(&p) + 8, sizeof(p) - 8);
       h.c().StoreFlag(line, p.posted);
     } else {

@@ -316,6 +316,53 @@ TEST_P(GpuTest, RanksMayMixDeviceAndHostBuffers) {
   });
 }
 
+// Send/Recv of device buffers around a ring of three ranks (rank 1 on host
+// buffers), from empty to many chunks of the channel ring: every element
+// arrives.
+TEST_P(GpuTest, SendAndRecvMoveDeviceBuffersAroundARing) {
+  SKIP_WITHOUT_GPU();
+  RunRanks(3, [&](int r, Communicator& comm, allocator::Allocator&) -> std::string {
+    const int n = comm.size(), to = (r + 1) % n, from = (r + n - 1) % n;
+    const bool on_device = r != 1;
+    for (size_t count : {size_t{0}, size_t{1}, size_t{1001}, size_t{3} << 20}) {
+      std::vector<uint32_t> out(count), in(count, 0xEEEEEEEE);
+      for (size_t i = 0; i < count; ++i) out[i] = static_cast<uint32_t>(r * 1000003 + i);
+      void* send = out.data();
+      void* recv = in.data();
+      const size_t bytes = count * 4;
+      if (on_device) {
+        auto a = collectives::DeviceAlloc(bytes);
+        auto b = collectives::DeviceAlloc(bytes);
+        if (!a.ok() || !b.ok()) return "DeviceAlloc failed";
+        send = *a;
+        recv = *b;
+        if (!collectives::DeviceCopy(send, out.data(), bytes).ok() ||
+            !collectives::DeviceCopy(recv, in.data(), bytes).ok()) {
+          return "DeviceCopy in failed";
+        }
+      }
+      absl::Status s;
+      for (int step = 0; step < 2 && s.ok(); ++step) {  // rank 0 receives first
+        s = (r == 0) == (step == 1) ? comm.Send(send, count, DataType::kUint32, to)
+                                    : comm.Recv(recv, count, DataType::kUint32, from);
+      }
+      if (on_device) {
+        absl::Status back = collectives::DeviceCopy(in.data(), recv, bytes);
+        collectives::DeviceFree(send);
+        collectives::DeviceFree(recv);
+        if (!back.ok()) return back.ToString();
+      }
+      if (!s.ok()) return absl::StrCat("count ", count, ": ", s.ToString());
+      for (size_t i = 0; i < count; ++i) {
+        if (in[i] != static_cast<uint32_t>(from * 1000003 + i)) {
+          return absl::StrCat("count ", count, ": element ", i, " from rank ", from, " is ", in[i]);
+        }
+      }
+    }
+    return "";
+  });
+}
+
 // A kernel writes the input `delay_us` late on the stream; the all-reduce
 // on that stream must wait for it, and a copy enqueued after it must see
 // the result. The host never synchronises in between. In asynchronous mode
