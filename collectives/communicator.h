@@ -206,7 +206,9 @@ class Communicator {
   PoolOffset P2pConsumedAt(int s, int d) const {
     return P2pAt(s, d) + offsetof(P2pLayout, consumed);
   }
-  uint64_t p2p_chunk_bytes() const { return p2p_bytes_ / kP2pSlots; }
+  uint64_t p2p_chunk_bytes() const { return p2p_bytes_ / kP2pSlots; }  // a slot of the ring
+  // The chunks a Send or Recv of `bytes` is cut into (p2p.cc).
+  size_t P2pChunkFor(size_t bytes) const;
   PoolOffset P2pBufferAt(int s, int d, uint64_t q) const {
     return block_ + p2p_buffers_offset_ + (uint64_t(s) * nranks_ + d) * p2p_bytes_ +
            (q - 1) % kP2pSlots * p2p_chunk_bytes();

@@ -48,6 +48,16 @@ absl::Status Retire(CopyEngine& e, std::deque<InFlight>& flight, bool wait, absl
 
 }  // namespace
 
+size_t Communicator::P2pChunkFor(size_t bytes) const {
+  // A quarter of the message, so that even a message of one slot's size
+  // pipelines over the ring; at least 16 KiB (each chunk costs a flag
+  // handoff and a header), at most the slot. Sender and receiver cut alike:
+  // both know the message's size (a receiver whose size differs reports
+  // the mismatch before it uses the cut).
+  const size_t quarter = (bytes / kP2pSlots + 4095) / 4096 * 4096;
+  return std::min<size_t>(p2p_chunk_bytes(), std::max<size_t>(quarter, 16 << 10));
+}
+
 absl::Status Communicator::Send(const void* buf, size_t count, DataType type, int peer,
                                 void* stream) {
   Quiesce();
@@ -64,7 +74,7 @@ absl::Status Communicator::Send(const void* buf, size_t count, DataType type, in
     return Fail(absl::Status(s.code(), absl::StrCat("Send from rank ", rank_, " to rank ", peer,
                                                     " of ", name_, ": ", s.message())));
   };
-  const size_t bytes = count * SizeOf(type), chunk = p2p_chunk_bytes();
+  const size_t bytes = count * SizeOf(type), chunk = P2pChunkFor(bytes);
   const auto* in = static_cast<const uint8_t*>(buf);
   const PoolOffset consumed = P2pConsumedAt(rank_, peer);
   std::deque<InFlight> copying;
@@ -118,7 +128,7 @@ absl::Status Communicator::Recv(void* buf, size_t count, DataType type, int peer
     return Fail(absl::Status(s.code(), absl::StrCat("Recv at rank ", rank_, " from rank ", peer,
                                                     " of ", name_, ": ", s.message())));
   };
-  const size_t bytes = count * SizeOf(type), chunk = p2p_chunk_bytes();
+  const size_t bytes = count * SizeOf(type), chunk = P2pChunkFor(bytes);
   auto* out = static_cast<uint8_t*>(buf);
   const PoolOffset consumed = P2pConsumedAt(peer, rank_);
   std::deque<InFlight> reading;
@@ -143,11 +153,11 @@ absl::Status Communicator::Recv(void* buf, size_t count, DataType type, int peer
     // The sender writes this slot again only after we consume chunk q, so
     // its line holds exactly chunk q; anything else is a corrupt channel.
     const P2pChunkLayout p = c_.FetchObject<P2pChunkLayout>(line);
-    if (p.posted != q || p.instance != instance_ || p.bytes > chunk) {
+    if (p.posted != q || p.instance != instance_ || p.bytes > p2p_chunk_bytes()) {
       return failed(absl::DataLossError(absl::StrCat(
           "the channel's chunk line holds chunk ", p.posted, " (", p.bytes,
           " bytes) of communicator instance ", absl::Hex(p.instance), ", not chunk ", q,
-          " of at most ", chunk, " bytes of this one (", absl::Hex(instance_), ")")));
+          " of at most ", p2p_chunk_bytes(), " bytes of this one (", absl::Hex(instance_), ")")));
     }
     if (p.total != count || p.type != static_cast<uint64_t>(type) || p.bytes != len) {
       return Fail(absl::InvalidArgumentError(

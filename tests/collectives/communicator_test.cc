@@ -449,8 +449,14 @@ std::string CycleCommunicators(Communicator& comm, allocator::Allocator& alloc, 
     }
     return "";
   };
+  // Small Send/Recv channels: rank 0 fills and checks a canary the size of
+  // the block every round, which with the default channels (9 MiB for 3
+  // ranks) starves the others' heartbeats on one core under a sanitizer
+  // past their lease (docs/allocator.md, "Limits").
+  CommOptions small;
+  small.p2p_bytes = 64 << 10;
   for (int it = 0; it < 30; ++it) {
-    auto cy = Communicator::Create(alloc, "cycle", n, r);
+    auto cy = Communicator::Create(alloc, "cycle", n, r, small);
     if (!cy.ok()) return absl::StrCat("round ", it, " Create: ", cy.status().ToString());
     uint64_t block_size = 0;
     if (r == 0) {
