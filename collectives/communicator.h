@@ -77,8 +77,8 @@ struct CommOptions {
   // 0: CXLRT_ALLREDUCE_ONESHOT_MAX, else 64 KiB.
   uint64_t oneshot_max = 0;
   // Moves the bytes of every collective, Send and Recv. Null: the CPU
-  // engine, or the CUDA engine for calls with GPU buffers. Not owned; must outlive the
-  // communicator.
+  // engine, or the CUDA engine for calls with GPU buffers. Not owned; must
+  // outlive the communicator.
   CopyEngine* engine = nullptr;
   // NCCL's model: a collective is queued and returns at once; a proxy
   // thread of the communicator runs the calls in order. A device call's

@@ -26,6 +26,7 @@
 #include <memory>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "collectives/types.h"
 #include "runtime/coherence.h"
@@ -76,13 +77,21 @@ class CopyEngine {
   // True once `t` has completed.
   virtual bool Poll(Ticket t) = 0;
   // OK, or the error that made the engine unusable: no ticket completes
-  // after it (Poll stays false, Wait returns it). A caller that only polls
-  // while it waits for a peer asks this, so that the error ends the call
-  // at once rather than at its deadline (the peer may be waiting for us).
+  // after it (Poll stays false, Wait returns it).
   virtual absl::Status failure() const { return absl::OkStatus(); }
   // Waits until `t` has completed: OK, or kDeadlineExceeded (the engine is
   // then unusable and the communicator fails).
   virtual absl::Status Wait(Ticket t, absl::Time deadline) = 0;
+
+  // Whether `t` has completed: polled, or with `wait` waited for (then
+  // true unless it fails). A failed engine's error is returned either way:
+  // a caller that polls while it waits for a peer (which may be waiting for
+  // this rank) ends the call at once rather than at its deadline.
+  absl::StatusOr<bool> Settle(Ticket t, bool wait, absl::Time deadline) {
+    if (t == 0 || Poll(t)) return true;
+    if (absl::Status s = wait ? Wait(t, deadline) : failure(); !s.ok()) return s;
+    return wait;
+  }
 };
 
 // The CPU engine: vector copies (runtime::CopyBytes), non-temporal stores

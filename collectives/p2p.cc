@@ -32,15 +32,13 @@ absl::Status Retire(CopyEngine& e, std::deque<InFlight>& flight, bool wait, absl
                     Finish&& finish) {
   for (; !flight.empty(); flight.pop_front()) {
     const InFlight& f = flight.front();
-    if (!e.Poll(f.t)) {
-      // A failed engine's error ends the call now, polled or waited for.
-      absl::Status s = wait ? e.Wait(f.t, deadline) : e.failure();
-      if (!s.ok()) {
-        return absl::Status(s.code(),
-                            absl::StrCat("the ", e.name(), " copy engine: ", s.message()));
-      }
-      if (!wait) return absl::OkStatus();
+    const absl::StatusOr<bool> done = e.Settle(f.t, wait, deadline);
+    if (!done.ok()) {
+      return absl::Status(
+          done.status().code(),
+          absl::StrCat("the ", e.name(), " copy engine: ", done.status().message()));
     }
+    if (!*done) return absl::OkStatus();
     finish(f);
   }
   return absl::OkStatus();

@@ -154,18 +154,14 @@ absl::Status Transport::Progress(uint64_t through) {
     Pending& p = pending_.front();
     const bool wait = p.s <= through;
     while (!p.after.empty()) {
-      const CopyEngine::Ticket t = p.after.back();
-      if (t != 0 && !engine_->Poll(t)) {
-        // A failed engine completes nothing again: its error ends the call
-        // now, polled or waited for.
-        absl::Status s = wait ? engine_->Wait(t, deadline_) : engine_->failure();
-        if (!s.ok()) {
-          return Fail(absl::Status(
-              s.code(), absl::StrCat(name_, " rank ", rank_, " in ", Describe(desc_), ": the ",
-                                     engine_->name(), " copy engine: ", s.message())));
-        }
-        if (!wait) return absl::OkStatus();
+      const absl::StatusOr<bool> done = engine_->Settle(p.after.back(), wait, deadline_);
+      if (!done.ok()) {
+        const absl::Status& s = done.status();
+        return Fail(absl::Status(
+            s.code(), absl::StrCat(name_, " rank ", rank_, " in ", Describe(desc_), ": the ",
+                                   engine_->name(), " copy engine: ", s.message())));
       }
+      if (!*done) return absl::OkStatus();
       p.after.pop_back();
     }
     if (!p.by_engine) PublishPost(p);
