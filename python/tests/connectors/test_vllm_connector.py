@@ -459,3 +459,22 @@ def test_each_decode_context_parallel_rank_loads_its_own_slice(mla_dir, uri):
     for rank in range(DCP):
         for i in range(3):
             assert b.block_matches("r2", i, rank), f"rank {rank} block {i}"
+
+
+def test_decode_with_prefill_context_parallelism_is_refused(mla_dir, uri):
+    # With PCP, a DCP rank is not TP rank % DCP: refused, never keyed wrong.
+    config = VllmConfig(
+        model_config=ModelConfig(model=mla_dir, skip_tokenizer_init=True, dtype="float16",
+                                 max_model_len=2048, seed=0),
+        parallel_config=ParallelConfig(prefill_context_parallel_size=2,
+                                       decode_context_parallel_size=2),
+        device_config=DeviceConfig("cpu"),
+        kv_transfer_config=KVTransferConfig(
+            kv_connector="CxlrtConnector", kv_connector_module_path="cxlrt.connectors.vllm",
+            kv_role="kv_both", kv_connector_extra_config={"pool": uri}))
+    spec = MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=MLA_HEAD,
+                            dtype=torch.float16)
+    kv_config = KVCacheConfig(num_blocks=BLOCKS, kv_cache_tensors=[],
+                              kv_cache_groups=[KVCacheGroupSpec(list(LAYERS), spec)])
+    with pytest.raises(ValueError, match=r"\(DCP 2\) with prefill context parallelism"):
+        KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER, kv_config)
