@@ -2,8 +2,11 @@
 # Installs every build and test dependency of cxlrt: Debian 12 packages
 # (apt-get), and into the project's venv (.venv, made here with access to
 # Debian's Python packages) the PyPI packages the Python side's tests need:
-# torch, for the torch.distributed backend. Idempotent: what is present is
-# skipped, so a second run is quick. Must run as root (or with sudo).
+# torch, for the torch.distributed backend, and the frameworks for the
+# connector tests. Ends by running each import the tests need
+# (tests/python/probes.txt), failing, saying which, if one does not work.
+# Idempotent: what is present is skipped, so a second run is quick. Must run
+# as root (or with sudo).
 # Downloads nothing but Debian and PyPI packages.
 set -euo pipefail
 
@@ -49,7 +52,9 @@ fi
 # built for) and seeing its packages (numpy, pytest); torch from PyPI
 # (the standard wheel, about 5.5 GB with its CUDA libraries; runs on CPU).
 TORCH_VERSION=2.15.0
-VENV="$(cd "$(dirname "$0")/.." && pwd)/.venv"
+# CXLRT_VENV puts it elsewhere (a scratch venv, to check on a clean one what
+# this script installs is enough for the probes in tests/CMakeLists.txt).
+VENV="${CXLRT_VENV:-$(cd "$(dirname "$0")/.." && pwd)/.venv}"
 if [[ ! -x "$VENV/bin/python" ]]; then
   /usr/bin/python3 -m venv --system-site-packages "$VENV"
 fi
@@ -57,6 +62,13 @@ if [[ "$("$VENV/bin/python" -c 'import torch; print(torch.__version__.split("+")
       != "$TORCH_VERSION" ]]; then
   echo "install-deps: installing torch $TORCH_VERSION into $VENV (PyPI)"
   "$VENV/bin/pip" install -q --disable-pip-version-check "torch==$TORCH_VERSION"
+fi
+# What the frameworks' import chains below need and their --no-deps installs
+# leave out (a fresh venv has none of them): requests (SGLang's and
+# LMCache's utilities), urllib3 (vLLM's), pillow (SGLang's multimodal
+# utilities, imported by its storage modules).
+if ! "$VENV/bin/python" -c 'import requests, urllib3, PIL' 2>/dev/null; then
+  "$VENV/bin/pip" install -q --disable-pip-version-check requests urllib3 pillow
 fi
 # SGLang, for the HiCache connector's tests through its own backend factory:
 # without its dependencies (its GPU kernels and model stack), plus the pure
@@ -101,3 +113,16 @@ if ! "$VENV/bin/python" -c 'import vllm.v1.core.sched.scheduler, vllm.model_exec
     openai-harmony openai cloudpickle uvloop "xgrammar==0.2.8" "fastapi>=0.133,<0.137" \
     partial-json-parser "llguidance>=1.7,<1.8" einops
 fi
+# Each import the tests need (tests/python/probes.txt, what tests/CMakeLists.txt
+# probes): one that fails here would make the tests that need it a configure
+# error (CI, scripts/test.sh) or a skip, so it fails the install instead,
+# saying which and why.
+failed=0
+while read -r key code; do
+  [[ -z $key || $key == \#* ]] && continue
+  if ! err=$("$VENV/bin/python" -c "$code" 2>&1 >/dev/null); then
+    echo "install-deps: $key: \`$code\` fails in $VENV: $(tail -n 1 <<<"$err")" >&2
+    failed=1
+  fi
+done <"$(cd "$(dirname "$0")/.." && pwd)/tests/python/probes.txt"
+exit "$failed"

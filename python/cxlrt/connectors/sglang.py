@@ -12,7 +12,8 @@ v1 calls of a dynamic backend; without it, it moves pages as tensors.)
 
 Pages are stored under SGLang's page hashes, in a namespace per model and,
 for non-MLA models, per tensor-parallel shard (each TP rank holds its own
-heads), as SGLang's file backend names them. Values are write-once: a page
+heads), and per decode-context-parallel shard (each DCP rank holds its own
+slice of a page's tokens), as SGLang's file backend names them. Values are write-once: a page
 another rank or server already stored counts as stored.
 
 - v1 (zero copy, after `register_mem_pool_host`): `batch_get_v1` /
@@ -56,6 +57,15 @@ def _namespace(cfg: HiCacheStorageConfig) -> str:
         ns += f"/pp{cfg.pp_rank}of{cfg.pp_size}"
     if getattr(cfg, "attn_cp_size", 1) > 1:
         ns += f"/cp{cfg.attn_cp_rank}of{cfg.attn_cp_size}"
+    dcp_size = getattr(cfg, "dcp_size", 1)
+    if dcp_size > 1:
+        # Decode context parallelism: each DCP rank holds its own slice of
+        # every page's tokens, under the same page hashes, so each rank needs
+        # its own namespace (else the second rank's write is "already there"
+        # and it later loads the first rank's slice). Keyed as SGLang's file
+        # backend keys it: the TP size, the DCP rank and size, and the
+        # logical page size, which together fix what a slice holds.
+        ns += f"/tp{cfg.tp_size}dcp{cfg.dcp_rank}of{dcp_size}page{cfg.logical_page_size}"
     if len(ns) > 200:  # the store's namespace names are bounded
         ns = "sglang/" + hashlib.sha256(ns.encode()).hexdigest()
     return ns

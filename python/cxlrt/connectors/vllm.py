@@ -32,8 +32,13 @@ long cached prefix no longer stalls every request's step. `get_finished`
 reports each load once it is done, failed blocks included (vLLM recomputes
 them or fails the request, as its kv_load_failure_policy says).
 
-Namespaces: one per model, KV dtype, block geometry and tensor-parallel
-shard (`extra_config["namespace"]` overrides the model part). Servers
+Namespaces: one per model, KV dtype, block geometry, tensor-parallel
+shard (non-MLA models: each TP rank holds its own heads) and
+decode-context-parallel shard (each DCP rank holds its own slice of every
+block's tokens under the same key; `extra_config["namespace"]` overrides
+the model part). A worker's ranks come from its global rank
+(`parallel_config.rank`, set per worker before vLLM makes the connector),
+laid out as vLLM lays workers out. Servers
 sharing a namespace must lay pages out alike (the same attention
 backend); a value of another size is never loaded (a load error, not
 wrong bytes). The pool: `extra_config["pool"]`, else CXLRT_POOL; the store
@@ -57,6 +62,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
 )
+from vllm.v1.core.kv_cache_utils import resolve_dcp_kv_block_size
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 import cxlrt
@@ -131,11 +137,24 @@ class CxlrtConnector(KVConnectorBase_V1):
         if not uri:
             raise ValueError("cxlrt vLLM connector: set kv_connector_extra_config['pool'] "
                              "or CXLRT_POOL")
-        self._block_size = vllm_config.cache_config.block_size
         parallel = vllm_config.parallel_config
         self._tp_size = parallel.tensor_parallel_size
         self._pp_size = parallel.pipeline_parallel_size
+        self._pcp_size = getattr(parallel, "prefill_context_parallel_size", 1)
+        self._dcp_size = getattr(parallel, "decode_context_parallel_size", 1)
+        if self._dcp_size > 1 and self._pcp_size > 1:
+            raise ValueError(f"cxlrt vLLM connector: decode context parallelism (DCP "
+                             f"{self._dcp_size}) with prefill context parallelism (PCP "
+                             f"{self._pcp_size}) is not supported")
+        self._interleave = getattr(parallel, "cp_kv_cache_interleave_size", 1)
+        # This worker's global rank; vLLM's workers are laid out [PP, PCP, TP],
+        # TP innermost, and DCP (without PCP) subdivides TP.
+        self._rank = getattr(parallel, "rank", 0)
         spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
+        # The tokens one of vLLM's block ids stands for: under DCP, a block
+        # holds block_size tokens on each DCP rank, block_size * dcp in all
+        # (vLLM's scheduler counts in these).
+        self._block_size = resolve_dcp_kv_block_size(spec, self._dcp_size)
         model = extra.get("namespace") or vllm_config.model_config.model
         self._ns_base = (f"vllm/{model}/{str(spec.dtype).removeprefix('torch.')}"
                          f"/b{spec.block_size}h{getattr(spec, 'num_kv_heads', 1)}"
@@ -162,6 +181,15 @@ class CxlrtConnector(KVConnectorBase_V1):
         ns = self._ns_base
         if not self._mla and self._tp_size > 1:  # each TP rank holds its own heads
             ns += f"/tp{tp_rank}of{self._tp_size}"
+        if self._dcp_size > 1:
+            # Each DCP rank holds its own slice of every block's tokens, under
+            # the same key: without its own namespace, the second rank's store
+            # is "already there" and it later loads the first rank's slice.
+            # What a slice holds is fixed by the DCP rank and size and the
+            # interleave; the TP size too, as SGLang and vLLM's own
+            # connectors key it (MLA: DCP groups hold the same slices).
+            ns += (f"/dcp{tp_rank % self._dcp_size}of{self._dcp_size}"
+                   f"tp{self._tp_size}i{self._interleave}")
         if self._pp_size > 1:  # each stage holds its own layers
             ns += f"/pp{pp_rank}of{self._pp_size}"
         if len(ns) > 200:  # the store's namespace names are bounded
@@ -169,15 +197,14 @@ class CxlrtConnector(KVConnectorBase_V1):
         return ns
 
     def _all_namespaces(self) -> list[str]:
-        tps = [0] if self._mla else range(self._tp_size)
+        # The TP ranks whose namespaces differ: MLA, one per DCP rank (TP rank
+        # r holds DCP rank r % dcp's slice); otherwise every TP rank.
+        tps = range(self._dcp_size) if self._mla else range(self._tp_size)
         return [self._namespace(t, p) for t in tps for p in range(self._pp_size)]
 
     def _worker_namespace(self) -> str:
-        tp_rank = pp_rank = 0
-        from vllm.distributed import parallel_state as ps
-        if ps.model_parallel_is_initialized():
-            tp_rank = ps.get_tensor_model_parallel_rank()
-            pp_rank = ps.get_pp_group().rank_in_group
+        tp_rank = self._rank % self._tp_size
+        pp_rank = self._rank // (self._tp_size * self._pcp_size) % self._pp_size
         return self._namespace(tp_rank, pp_rank)
 
     # --- scheduler side ---

@@ -7,26 +7,29 @@ out page addresses the way SGLang's page_first pools do
 (get_page_buffer_meta): SGLang's own pools need its model stack
 (transformers) to import. Needs torch and sglang (the project's .venv)."""
 
+import itertools
 import multiprocessing as mp
 import os
 import uuid
 
 import pytest
 import torch
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
+from sglang.srt.mem_cache.hicache_storage import HiCacheFile, HiCacheStorage, HiCacheStorageConfig
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
 import cxlrt
 from cxlrt.connectors.sglang import CxlrtHiCacheStorage
 
 
-def config(uri, tp_rank=0, tp_size=1):
+def config(uri, tp_rank=0, tp_size=1, mla=False, dcp_rank=0, dcp_size=1, page=None, **extra):
     return HiCacheStorageConfig(
         tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0,
-        attn_cp_size=1, is_mla_model=False, enable_storage_metrics=False,
+        attn_cp_size=1, is_mla_model=mla, enable_storage_metrics=False,
         is_page_first_layout=True, model_name="org/test-model",
+        dcp_rank=dcp_rank, dcp_size=dcp_size, logical_page_size=page,
         extra_config={"backend_name": "cxlrt", "module_path": "cxlrt.connectors.sglang",
-                      "class_name": "CxlrtHiCacheStorage", "interface_v1": 1, "pool": uri})
+                      "class_name": "CxlrtHiCacheStorage", "interface_v1": 1, "pool": uri,
+                      **extra})
 
 
 def make(uri, **kw):
@@ -161,3 +164,49 @@ def test_a_second_server_reads_what_the_first_stored(uri):
     assert all((host.kv_buffer[p] == 100 + p).all() for p in range(4))
     other = make(uri, tp_rank=0, tp_size=2)  # another shard: nothing of shard 1
     assert other.batch_exists(["p0"]) == 0
+
+
+def test_each_decode_context_parallel_rank_loads_its_own_slice(uri):
+    # An MLA model with decode context parallelism (TP 2, DCP 2): each DCP
+    # rank's host pool holds its own slice of every page's tokens, stored
+    # under the same page hashes by both ranks.
+    keys = ["d0", "d1", "d2"]
+    dcp = dict(tp_size=2, mla=True, dcp_size=2, page=8)
+    for r in range(2):
+        b = make(uri, tp_rank=r, dcp_rank=r, **dcp)
+        host = PageFirstHostPool(pages=3, page_size=4, page_bytes=2048)
+        b.register_mem_pool_host(host)
+        for p in range(3):
+            host.kv_buffer[p] = 10 * (r + 1) + p  # rank r's slice of page p
+        assert b.batch_set_v1(keys, torch.arange(12)) == [True] * 3
+    # The same ranks of another server: each loads its own slice.
+    for r in range(2):
+        b = make(uri, tp_rank=r, dcp_rank=r, **dcp)
+        host = PageFirstHostPool(pages=3, page_size=4, page_bytes=2048)
+        b.register_mem_pool_host(host)
+        assert b.batch_exists(keys) == 3
+        assert b.batch_get_v1(keys, torch.arange(12)) == [True] * 3
+        for p in range(3):
+            assert (host.kv_buffer[p] == 10 * (r + 1) + p).all(), f"rank {r} page {p}"
+    # A server of another logical page size (another slicing) finds nothing.
+    other = make(uri, tp_rank=0, dcp_rank=0, **{**dcp, "page": 16})
+    assert other.batch_exists(keys) == 0
+
+
+def test_namespaces_part_what_sglangs_file_backend_keys_apart(uri, tmp_path):
+    """Two shards share a namespace exactly when SGLang's own file backend
+    gives their pages the same file (its config suffix): MLA and not, TP,
+    DCP rank and size, logical page size."""
+    shards = []
+    for mla, tp_size, dcp_size, page in itertools.product(
+            (False, True), (2, 4), (1, 2), (8, 16)):
+        if dcp_size > 1 and not mla:  # SGLang: DCP storage needs MLA
+            continue
+        for tp_rank in range(tp_size):
+            shards.append(dict(tp_rank=tp_rank, tp_size=tp_size, mla=mla,
+                               dcp_rank=tp_rank % dcp_size, dcp_size=dcp_size, page=page))
+    ours = [make(uri, **s).ns for s in shards]
+    files = [HiCacheFile(config(uri, file_storage_path=str(tmp_path), **s)).config_suffix
+             for s in shards]
+    for (a, fa), (b, fb) in itertools.combinations(zip(ours, files), 2):
+        assert (a == b) == (fa == fb), (a, fa, b, fb)

@@ -21,7 +21,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,  # noqa: E402
-                         SchedulerConfig, VllmConfig)
+                         ParallelConfig, SchedulerConfig, VllmConfig)
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
@@ -29,7 +29,7 @@ from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,  # noqa: E402
-                                        KVCacheGroupSpec)
+                                        KVCacheGroupSpec, MLAAttentionSpec)
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
@@ -101,6 +101,7 @@ class Server:
         self.layout = layout
         self.kv = {name: torch.zeros(shape, dtype=torch.float16) for name in layers}
         self.worker.register_kv_caches(self.kv)
+        self.workers = [self.worker]
         self.requests = {}
         self.first_computed = {}  # request -> tokens it started with (local + external)
         self.load_errors = set()
@@ -126,15 +127,17 @@ class Server:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if not self.scheduler.has_unfinished_requests():
-                self.worker.shutdown()
+                for w in self.workers:
+                    w.shutdown()
                 return
             out = self.scheduler.schedule()
             self.waited |= {r for r, q in self.requests.items()
                             if q.status == RequestStatus.WAITING_FOR_REMOTE_KVS}
             if not out.num_scheduled_tokens:
                 time.sleep(0.001)  # only loads in flight
-            self.worker.bind_connector_metadata(out.kv_connector_metadata)
-            self.worker.start_load_kv(None)
+            for w in self.workers:
+                w.bind_connector_metadata(out.kv_connector_metadata)
+                w.start_load_kv(None)
             for n in out.scheduled_new_reqs:
                 self.first_computed.setdefault(n.req_id, n.num_computed_tokens)
             computed = {n.req_id: n.num_computed_tokens for n in out.scheduled_new_reqs}
@@ -144,12 +147,18 @@ class Server:
             for r, n in out.num_scheduled_tokens.items():
                 ids = self.blocks_of[r] = self.block_ids(r)
                 for p in range(computed[r], computed[r] + n):
-                    self.write(r, ids[p // BLOCK], p)
-            self.worker.wait_for_save()
-            _, loaded = self.worker.get_finished(out.finished_req_ids)
-            errors = self.worker.get_block_ids_with_load_errors()
+                    self.write(r, ids, p)
+            # Each worker's results, combined as vLLM combines its workers':
+            # a load is done when every worker's is.
+            loaded, errors = None, set()
+            for w in self.workers:
+                w.wait_for_save()
+                _, done = w.get_finished(out.finished_req_ids)
+                if done is not None or loaded is not None:
+                    loaded = (done or set()) if loaded is None else loaded & (done or set())
+                errors |= w.get_block_ids_with_load_errors()
+                w.clear_connector_metadata()
             self.load_errors |= errors
-            self.worker.clear_connector_metadata()
             reqs = list(out.num_scheduled_tokens)
             sampled = []
             for r in reqs:
@@ -165,7 +174,8 @@ class Server:
     def block_ids(self, req_id):
         return self.scheduler.kv_cache_manager.get_blocks(req_id).get_block_ids()[0]
 
-    def write(self, req_id, block, pos):
+    def write(self, req_id, ids, pos):
+        block = ids[pos // BLOCK]
         for li, layer in enumerate(self.kv):
             for kv in (0, 1):
                 self.page(layer, block, kv)[pos % BLOCK] = expected(self.tokens(req_id), pos,
@@ -349,3 +359,122 @@ def test_bad_caches_are_refused_saying_why(model_dir, uri):
     with pytest.raises(ValueError, match="not contiguous"):
         s.worker.register_kv_caches(
             {"x": torch.zeros(BLOCKS, 16, 4, dtype=torch.float16).transpose(1, 2)})
+
+
+DCP = 2
+MLA_HEAD = HEADS * HEAD_SIZE  # kv_lora_rank + qk_rope_head_dim, below
+
+
+@pytest.fixture(scope="module")
+def mla_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mla")
+    (d / "config.json").write_text(json.dumps({
+        "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+        "hidden_size": 128, "intermediate_size": 256, "moe_intermediate_size": 64,
+        "num_attention_heads": 2, "num_key_value_heads": 2, "num_hidden_layers": len(LAYERS),
+        "vocab_size": 1000, "kv_lora_rank": MLA_HEAD - 16, "q_lora_rank": None,
+        "qk_rope_head_dim": 16, "qk_nope_head_dim": 32, "v_head_dim": 32,
+        "n_routed_experts": 4, "num_experts_per_tok": 2, "first_k_dense_replace": len(LAYERS),
+        "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "torch_dtype": "float16"}))
+    return str(d)
+
+
+class DcpServer(Server):
+    """A server of an MLA model with decode context parallelism (TP 2, DCP
+    2): its scheduler counts in blocks of BLOCK * DCP tokens, as vLLM's
+    engine core sets it up, and each of its two workers (the connector made
+    by vLLM's factory after the worker set its rank in parallel_config, as
+    vLLM's workers do) has its own MLA cache [blocks, BLOCK, MLA_HEAD]
+    holding its slice of each block: token p on DCP rank p % DCP, at p's
+    place among that rank's tokens of the block (interleave size 1)."""
+
+    def __init__(self, mla_dir, uri):
+        config = VllmConfig(
+            model_config=ModelConfig(model=mla_dir, skip_tokenizer_init=True, dtype="float16",
+                                     max_model_len=2048, seed=0),
+            cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True),
+            parallel_config=ParallelConfig(tensor_parallel_size=2,
+                                           decode_context_parallel_size=DCP),
+            scheduler_config=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256,
+                                             max_model_len=2048, is_encoder_decoder=False),
+            device_config=DeviceConfig("cpu"),
+            kv_transfer_config=KVTransferConfig(
+                kv_connector="CxlrtConnector", kv_connector_module_path="cxlrt.connectors.vllm",
+                kv_role="kv_both", kv_connector_extra_config={"pool": uri}))
+        assert config.model_config.use_mla
+        spec = MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=MLA_HEAD,
+                                dtype=torch.float16)
+        kv_config = KVCacheConfig(num_blocks=BLOCKS, kv_cache_tensors=[],
+                                  kv_cache_groups=[KVCacheGroupSpec(list(LAYERS), spec)])
+        config.cache_config.num_gpu_blocks = BLOCKS
+        init_none_hash(sha256)
+        self.hasher = get_request_block_hasher(BLOCK * DCP, sha256)
+        self.scheduler = Scheduler(vllm_config=config, kv_cache_config=kv_config,
+                                   structured_output_manager=StructuredOutputManager(config),
+                                   block_size=BLOCK * DCP, log_stats=False)
+        self.workers, self.rank_kv = [], []
+        for rank in range(DCP):
+            config.parallel_config.rank = rank
+            w = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER, kv_config)
+            kv = {name: torch.zeros(BLOCKS, BLOCK, MLA_HEAD, dtype=torch.float16)
+                  for name in LAYERS}
+            w.register_kv_caches(kv)
+            self.workers.append(w)
+            self.rank_kv.append(kv)
+        config.parallel_config.rank = 0
+        self.worker = self.workers[0]
+        self.requests, self.first_computed, self.load_errors = {}, {}, set()
+        self.blocks_of, self.waited = {}, set()
+
+    def write(self, req_id, ids, pos):
+        span = BLOCK * DCP
+        block, rank, slot = ids[pos // span], pos % DCP, (pos % span) // DCP
+        for li, layer in enumerate(LAYERS):
+            self.rank_kv[rank][layer][block, slot] = expected(self.tokens(req_id), pos, li,
+                                                              0).reshape(-1)
+
+    def block_matches(self, req_id, index, rank):
+        """Whether DCP rank `rank`'s slice of the request's index-th block
+        holds its prefix's KV."""
+        span = BLOCK * DCP
+        block = self.blocks_of[req_id][index]
+        return all(torch.equal(self.rank_kv[rank][layer][block, (p % span) // DCP],
+                               expected(self.tokens(req_id), p, li, 0).reshape(-1))
+                   for li, layer in enumerate(LAYERS)
+                   for p in range(index * span + rank, (index + 1) * span, DCP))
+
+
+def test_each_decode_context_parallel_rank_loads_its_own_slice(mla_dir, uri):
+    a = DcpServer(mla_dir, uri)
+    a.add("r1", prompt(100))
+    a.run()
+    # Three full blocks of 32 tokens, each rank's slice of them stored apart.
+    st = a.scheduler.connector.store.stats()["namespaces"]
+    assert sorted(n["entries"] for n in st.values()) == [3] * DCP, st
+    b = DcpServer(mla_dir, uri)  # another server: each rank loads its own slice
+    b.add("r2", prompt(100) + prompt(30, salt=5))
+    b.run()
+    assert b.first_computed["r2"] == 96
+    assert not b.load_errors
+    for rank in range(DCP):
+        for i in range(3):
+            assert b.block_matches("r2", i, rank), f"rank {rank} block {i}"
+
+
+def test_decode_with_prefill_context_parallelism_is_refused(mla_dir, uri):
+    # With PCP, a DCP rank is not TP rank % DCP: refused, never keyed wrong.
+    config = VllmConfig(
+        model_config=ModelConfig(model=mla_dir, skip_tokenizer_init=True, dtype="float16",
+                                 max_model_len=2048, seed=0),
+        parallel_config=ParallelConfig(prefill_context_parallel_size=2,
+                                       decode_context_parallel_size=2),
+        device_config=DeviceConfig("cpu"),
+        kv_transfer_config=KVTransferConfig(
+            kv_connector="CxlrtConnector", kv_connector_module_path="cxlrt.connectors.vllm",
+            kv_role="kv_both", kv_connector_extra_config={"pool": uri}))
+    spec = MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=MLA_HEAD,
+                            dtype=torch.float16)
+    kv_config = KVCacheConfig(num_blocks=BLOCKS, kv_cache_tensors=[],
+                              kv_cache_groups=[KVCacheGroupSpec(list(LAYERS), spec)])
+    with pytest.raises(ValueError, match=r"\(DCP 2\) with prefill context parallelism"):
+        KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER, kv_config)
