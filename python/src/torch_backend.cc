@@ -714,7 +714,8 @@ class CxlrtBackend : public c10d::Backend {
   }
 
   // The p2p thread: takes posted calls, moves what can move without
-  // waiting for a peer, and sleeps (spin, then back off up to 1 ms, or until
+  // waiting for a peer, and sleeps (spin, then back off up to 200 us: a
+  // peer's post wakes nobody, so the nap bounds a message's latency; or until
   // a call is posted) when nothing could.
   void P2pRun() {
     int idle = 0;
@@ -726,8 +727,7 @@ class CxlrtBackend : public c10d::Backend {
           if (!Pending()) {
             p2p_cv_.wait(l, [&] { return p2p_stop_ || !inbox_.empty(); });
           } else if (idle > 64) {
-            const auto nap =
-                std::chrono::microseconds(std::min(1000, 10 << std::min(idle - 64, 7)));
+            const auto nap = std::chrono::microseconds(std::min(200, 10 << std::min(idle - 64, 5)));
             p2p_cv_.wait_for(l, nap, [&] { return p2p_stop_ || !inbox_.empty(); });
           }
         }
@@ -745,7 +745,7 @@ class CxlrtBackend : public c10d::Backend {
       }
       if (Step()) {
         idle = 0;
-      } else if (++idle <= 64) {
+      } else if (idle < 1000 && ++idle <= 64) {
         std::this_thread::yield();
       }
     }
