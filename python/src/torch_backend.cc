@@ -321,7 +321,6 @@ class CxlrtBackend : public c10d::Backend {
     sends_.resize(size);
     sent_at_.resize(size);
     received_at_.resize(size);
-    worker_ = std::thread([this] { Run(); });
   }
 
   ~CxlrtBackend() override {
@@ -595,6 +594,9 @@ class CxlrtBackend : public c10d::Backend {
     {
       std::lock_guard<std::mutex> l(mu_);
       if (always_queue_ || busy_ || !jobs_.empty()) {
+        // The worker starts with the first queued call: a group that is
+        // never used, or used one call at a time, costs no thread.
+        if (!worker_.joinable()) worker_ = std::thread([this] { Run(); });
         jobs_.push_back({work, std::move(run)});
         cv_.notify_one();
         return work;
@@ -1028,7 +1030,7 @@ class CxlrtBackend : public c10d::Backend {
     const char* v = std::getenv("CXLRT_TORCH_ASYNC");
     return v && std::string(v) == "1";
   }();
-  std::thread worker_;
+  std::thread worker_;  // at the first queued call
 
   // Point to point. The posting threads touch only inbox_ and p2p_stop_
   // (under p2p_mu_); the rest is the p2p thread's.

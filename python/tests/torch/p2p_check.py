@@ -8,7 +8,7 @@ subgroups and subgroups of some ranks, sequence numbers and
 all_gather_object on a subgroup.
 CXLRT_TORCH_CHECK_TIMEOUT_S: the groups' timeout (default 120);
 CXLRT_TORCH_CHECK_ONLY=a,b: only those sections (isend, many, batch, tags,
-anysource, mismatch, barrier, groups, subgroup)."""
+anysource, mismatch, barrier, groups, subgroup, timeout)."""
 
 import os
 import sys
@@ -244,6 +244,33 @@ if section("subgroup") and rank in (0, 1):
     assert sub._get_sequence_number_for_group() == before + 2, (
         before, sub._get_sequence_number_for_group())
     checked.append("sequence numbers of new_group([0, 1])")
+
+# A receive that no send meets fails after the group's timeout, as Gloo's
+# does, with torch's timeout wording, naming the rank, the peer and the
+# call; the group stays usable. Last: Gloo's group may not be after it.
+if section("timeout"):
+    short = timedelta(seconds=2)
+    g_short = dist.new_group(timeout=short)
+    g_short_gloo = dist.new_group(backend="gloo", timeout=short)
+    if rank == 1:
+        for name, g in (("cxlrt", g_short), ("gloo", g_short_gloo)):
+            try:
+                dist.recv(torch.empty(4), 0, group=g, tag=99)
+                raise AssertionError(f"{name}: a recv that no send meets returned")
+            except RuntimeError as e:
+                if name == "cxlrt":
+                    msg = str(e)
+                    assert " Timed out " in msg and "rank 1" in msg and "rank 0" in msg and (
+                        "recv" in msg and "tag 99" in msg), msg
+        checked.append("recv timeout")
+    dist.barrier()  # the 2 s group would time out waiting for rank 1
+    if rank in (0, 1):
+        t = torch.empty(4)
+        if rank == 0:
+            dist.send(value(0, 4), 1, group=g_short, tag=99)
+        else:
+            dist.recv(t, 0, group=g_short, tag=99)
+            same("send/recv after a recv timed out", t, value(0, 4))
 
 dist.barrier()
 dist.destroy_process_group()
