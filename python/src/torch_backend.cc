@@ -225,23 +225,27 @@ struct SharedHost {
   }
 };
 
-std::shared_ptr<SharedHost> HostFor(const std::string& uri) {
+// `who` ("rank 1 of 2") prefixes its errors.
+std::shared_ptr<SharedHost> HostFor(const std::string& uri, const std::string& who) {
   // Never destroyed: backends may outlive static destruction at exit.
   static auto* mu = new std::mutex;
   static auto* hosts = new std::map<std::string, std::weak_ptr<SharedHost>>;
   std::lock_guard<std::mutex> l(*mu);
   if (std::shared_ptr<SharedHost> h = (*hosts)[uri].lock()) return h;
+  auto fail = [&](const absl::Status& s, const char* what) {
+    Raise(absl::Status(s.code(), absl::StrCat(who, " ", what, " ", uri, ": ", s.message())));
+  };
   auto h = std::make_shared<SharedHost>();
   auto pool = runtime::Pool::Open(uri);
-  if (!pool.ok()) Raise(pool.status());
+  if (!pool.ok()) fail(pool.status(), "opening the pool");
   h->pool = *std::move(pool);
   runtime::AttachOptions attach;
   attach.host_id = -1;  // any free host slot: each process is a host of its own
   auto membership = runtime::Membership::Attach(*h->pool, attach);
-  if (!membership.ok()) Raise(membership.status());
+  if (!membership.ok()) fail(membership.status(), "attaching to");
   h->membership = *std::move(membership);
   auto alloc = allocator::Allocator::Open(*h->pool, *h->membership);
-  if (!alloc.ok()) Raise(alloc.status());
+  if (!alloc.ok()) fail(alloc.status(), "opening the allocator of");
   h->alloc = *std::move(alloc);
   (*hosts)[uri] = h;
   return h;
@@ -297,13 +301,14 @@ class CxlrtBackend : public c10d::Backend {
       const std::vector<uint8_t> got = store->get("cxlrt/communicator");
       name_.assign(got.begin(), got.end());
     }
-    host_ = HostFor(pool_uri);
+    host_ = HostFor(pool_uri, absl::StrCat("rank ", rank, " of ", size));
     // The p2p communicator now, while every rank is here: its calls involve
     // only two ranks. It runs no collective but Destroy's barrier, so its
     // data slots are the smallest there are. Its channels (n x n of them)
     // are 256 KiB, a quarter of the communicator's default, so that a group
-    // of 2 ranks costs 2 MiB of the pool until it runs a collective, and a
-    // 1 GiB pool holds the 40 groups Gloo makes; CXLRT_COMM_P2P_BYTES sets
+    // of 2 ranks costs about 1 MiB of the pool until it runs a collective,
+    // and a 1 GiB pool holds the 40 used groups Gloo makes (the collective
+    // communicator's slots take 4 MiB a rank); CXLRT_COMM_P2P_BYTES sets
     // them.
     collectives::CommOptions o;
     o.timeout = absl::FromChrono(timeout);
@@ -653,7 +658,11 @@ class CxlrtBackend : public c10d::Backend {
       o.timeout = absl::FromChrono(timeout_);
       o.p2p_bytes = 256;  // the smallest channels: its Send/Recv are unused
       auto comm = collectives::Communicator::Create(*host_->alloc, name_, size_, rank_, o);
-      if (!comm.ok()) Raise(comm.status());
+      if (!comm.ok()) {
+        Raise(absl::Status(comm.status().code(),
+                           absl::StrCat("rank ", rank_, " of ", size_, " making the group's ",
+                                        "communicator: ", comm.status().message())));
+      }
       comm_ = *std::move(comm);
     } catch (...) {
       comm_error_ = std::current_exception();

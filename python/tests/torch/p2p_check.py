@@ -69,21 +69,23 @@ if section("isend"):
     run_both("isend; recv; wait (over the ring)", isend_recv_wait, value(prv, BIG))
 
 
-# Many in flight, posted in opposite orders on neighbouring ranks, small
-# and large, waited in another order.
+# Many in flight, small and large, waited in another order than posted:
+# every rank posts all its receives before its sends (a rank that ran a
+# receive before the later sends would wait forever), even ranks in one
+# order of sizes and odd ranks interleaving receives and sends.
 SIZES = [1, 70_000, BIG, 5, 300_000, BIG // 2 + 3]
 
 
 def many_in_flight(g):
     outs = [torch.empty(s) for s in SIZES]
-    sends = [(value(rank, s, salt=i), i) for i, s in enumerate(SIZES)]
+    sends = [value(rank, s, salt=i) for i, s in enumerate(SIZES)]
     works = []
     if rank % 2 == 0:
         works += [dist.irecv(o, prv, group=g) for o in outs]
-        works += [dist.isend(t, nxt, group=g) for t, _ in sends]
+        works += [dist.isend(t, nxt, group=g) for t in sends]
     else:
-        works += [dist.isend(t, nxt, group=g) for t, _ in sends]
-        works += [dist.irecv(o, prv, group=g) for o in outs]
+        for o, t in zip(outs, sends):
+            works += [dist.irecv(o, prv, group=g), dist.isend(t, nxt, group=g)]
     for w in reversed(works):
         w.wait()
     return torch.cat(outs)
