@@ -725,11 +725,15 @@ class CxlrtBackend : public c10d::Backend {
   }
 
   // The p2p thread: takes posted calls, moves what can move without
-  // waiting for a peer, and sleeps (spin, then back off up to 200 us: a
-  // peer's post wakes nobody, so the nap bounds a message's latency; or until
-  // a call is posted) when nothing could.
+  // waiting for a peer, and when nothing could: yields for 1 ms after the
+  // last move (a peer amid a message moves again within microseconds), then
+  // naps, from 10 us up to 200 us (a peer's post wakes nobody, so the nap
+  // bounds a message's latency), or sleeps until a call is posted when none
+  // is pending.
   void P2pRun() {
-    int idle = 0;
+    using Clock = std::chrono::steady_clock;
+    Clock::time_point moved = Clock::now();
+    int naps = 0;
     for (;;) {
       std::deque<std::pair<bool, std::shared_ptr<P2pOp>>> posted;
       {
@@ -737,14 +741,15 @@ class CxlrtBackend : public c10d::Backend {
         if (!p2p_stop_ && inbox_.empty()) {
           if (!Pending()) {
             p2p_cv_.wait(l, [&] { return p2p_stop_ || !inbox_.empty(); });
-          } else if (idle > 64) {
-            const auto nap = std::chrono::microseconds(std::min(200, 10 << std::min(idle - 64, 5)));
+          } else if (Clock::now() - moved > std::chrono::milliseconds(1)) {
+            const auto nap = std::chrono::microseconds(std::min(200, 10 << std::min(naps++, 5)));
             p2p_cv_.wait_for(l, nap, [&] { return p2p_stop_ || !inbox_.empty(); });
           }
         }
         if (p2p_stop_) break;
         posted.swap(inbox_);
       }
+      if (!posted.empty()) moved = Clock::now();
       for (auto& [send, op] : posted) {
         if (!p2p_error_.empty()) {
           Fail(*op, send, p2p_error_);
@@ -755,8 +760,9 @@ class CxlrtBackend : public c10d::Backend {
         }
       }
       if (Step()) {
-        idle = 0;
-      } else if (idle < 1000 && ++idle <= 64) {
+        moved = Clock::now();
+        naps = 0;
+      } else {
         std::this_thread::yield();
       }
     }
