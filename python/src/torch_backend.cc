@@ -41,7 +41,6 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <cstring>
 #include <deque>
 #include <functional>
 #include <map>
@@ -540,19 +539,19 @@ class CxlrtBackend : public c10d::Backend {
   }
 
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
-    at::Tensor t = One(tensors);
+    at::Tensor t = OneOfAnyType(tensors);
     CheckPeer(dst, "send to");
     return PostP2p(c10d::OpType::SEND, t, dst, tag);
   }
 
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
-    at::Tensor t = One(tensors);
+    at::Tensor t = OneOfAnyType(tensors);
     CheckPeer(src, "recv from");
     return PostP2p(c10d::OpType::RECV, t, src, tag);
   }
 
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override {
-    at::Tensor t = One(tensors);
+    at::Tensor t = OneOfAnyType(tensors);
     if (size_ < 2) {
       throw std::invalid_argument(
           absl::StrCat("cxlrt: rank ", rank_, ": recv from any source in a group of one rank"));
@@ -669,6 +668,13 @@ class CxlrtBackend : public c10d::Backend {
       throw;
     }
     return *comm_;
+  }
+
+  // Point to point moves bytes: any element type, as Gloo's.
+  static at::Tensor OneOfAnyType(const std::vector<at::Tensor>& tensors) {
+    if (tensors.size() != 1) throw std::invalid_argument("cxlrt: one tensor per call");
+    CheckTensor(tensors[0]);
+    return tensors[0];
   }
 
   void CheckPeer(int peer, const char* what) const {

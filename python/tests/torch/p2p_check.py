@@ -8,7 +8,7 @@ subgroups and subgroups of some ranks, sequence numbers and
 all_gather_object on a subgroup.
 CXLRT_TORCH_CHECK_TIMEOUT_S: the groups' timeout (default 120);
 CXLRT_TORCH_CHECK_ONLY=a,b: only those sections (isend, many, batch, tags,
-anysource, mismatch, barrier, groups, subgroup, timeout)."""
+types, anysource, mismatch, barrier, groups, subgroup, timeout)."""
 
 import os
 import sys
@@ -140,6 +140,23 @@ if section("tags"):
     run_both("tags received in the opposite order", tags,
              torch.cat([value(prv, 1000, salt=1), value(prv, BIG // 4, salt=2),
                         value(prv, 10, salt=3), value(prv, 10, salt=4)]))
+
+
+# Any element type moves (bytes), as on Gloo: types cxlrt's collectives
+# lack included.
+def other_types(g):
+    outs = []
+    for dtype in (torch.int16, torch.bool, torch.complex64, torch.float64):
+        out = torch.empty(1001, dtype=dtype)
+        w = dist.isend(value(rank, 1001).to(dtype), nxt, group=g)
+        dist.recv(out, prv, group=g)
+        w.wait()
+        outs.append(out.view(torch.uint8))
+    return torch.cat(outs)
+if section("types"):
+    run_both("isend/recv of int16, bool, complex64, float64", other_types,
+             torch.cat([value(prv, 1001).to(d).view(torch.uint8)
+                        for d in (torch.int16, torch.bool, torch.complex64, torch.float64)]))
 
 
 # recvAnysource: rank 0 receives one message from each other rank, from
