@@ -163,6 +163,15 @@ class Communicator {
   // the pool. Buffers and streams as for the collectives.
   absl::Status Send(const void* buf, size_t count, DataType type, int peer, void* stream = nullptr);
   absl::Status Recv(void* buf, size_t count, DataType type, int peer, void* stream = nullptr);
+  // Probes of the channels that never wait, for a caller that drives many
+  // Sends and Recvs from one thread without blocking on a peer (the torch
+  // backend's progress thread). SendFits: a Send of `bytes` to `peer` now
+  // would post every chunk without waiting for the receiver (its channel
+  // ring has room for all of them). RecvReady: the first chunk of the next
+  // Send from `peer` is posted; a Recv of it then waits only for a sender
+  // that is already posting (when that Send fitted). False for a bad peer.
+  bool SendFits(int peer, size_t bytes) const;
+  bool RecvReady(int peer) const;
 
   // A buffer in the pool that collectives use in place (zero-copy). Freed
   // with Free or when the communicator is destroyed.

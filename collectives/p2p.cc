@@ -56,6 +56,19 @@ size_t Communicator::P2pChunkFor(size_t bytes) const {
   return std::min<size_t>(p2p_chunk_bytes(), std::max<size_t>(quarter, 16 << 10));
 }
 
+bool Communicator::SendFits(int peer, size_t bytes) const {
+  if (peer < 0 || peer >= nranks_ || peer == rank_ || destroyed_) return false;
+  // The receiver's consumed counter only grows, so room seen now stays.
+  const uint64_t unconsumed = sent_[peer] - c_.LoadFlag(P2pConsumedAt(rank_, peer));
+  return unconsumed + Chunks(bytes, P2pChunkFor(bytes)) <= kP2pSlots;
+}
+
+bool Communicator::RecvReady(int peer) const {
+  if (peer < 0 || peer >= nranks_ || peer == rank_ || destroyed_) return false;
+  const uint64_t q = received_[peer] + 1;
+  return c_.LoadFlag(P2pChunkAt(peer, rank_, q)) >= q;
+}
+
 absl::Status Communicator::Send(const void* buf, size_t count, DataType type, int peer,
                                 void* stream) {
   Quiesce();

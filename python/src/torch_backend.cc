@@ -4,15 +4,33 @@
 // libcxlrt.so (python/cxlrt/torch_backend.py), registered for CPU and CUDA
 // tensors (a CUDA call is ordered on the caller's current stream; docs/gpu.md).
 //
-// A call runs at once in the caller's thread when nothing is queued or
-// running (the common case: a wake-up of another thread costs 10-50 us on a
-// busy 2-core machine, more than a 64 KiB all-reduce); otherwise it is
-// queued for the backend's worker thread, which runs calls in order. Either
-// way one thread at a time uses the communicator, in call order, and the
-// returned Work completes, with its future, when the collective has.
-// CXLRT_TORCH_ASYNC=1 queues every call (compute may then overlap
-// communication where cores allow). An error fails that Work and every
-// later one (the communicator is aborted, as cxlrt requires).
+// Every group of a process shares one attachment to the pool (host slot,
+// heartbeat, allocator; HostFor). A group has two communicators: one for
+// its collectives, made at its first collective (every rank makes it then),
+// and one for point to point, made with the group (a p2p call need not
+// involve every rank), whose only memory is its channels.
+//
+// Collectives: a call runs at once in the caller's thread when nothing is
+// queued or running (the common case: a wake-up of another thread costs
+// 10-50 us on a busy 2-core machine, more than a 64 KiB all-reduce);
+// otherwise it is queued for the backend's worker thread, which runs calls
+// in order. Either way one thread at a time uses the communicator, in call
+// order, and the returned Work completes, with its future, when the
+// collective has. CXLRT_TORCH_ASYNC=1 queues every call (compute may then
+// overlap communication where cores allow). An error fails that Work and
+// every later one (the communicator is aborted, as cxlrt requires).
+//
+// Point to point: send, recv and recvAnysource queue the call for the
+// group's p2p thread and return at once. That thread alone uses the p2p
+// communicator and never waits for a peer: it sends a piece only when the
+// channel has room for all of it, and receives one only when its first
+// chunk is posted (whose sender then completes it without waiting), so any
+// number of calls are in flight, in any order of posting on either side,
+// and a rank inside a collective still moves its pending sends. A message
+// is a header (tag, size, type) and then its bytes in pieces of the channel
+// ring; a receive takes the next message from its peer with its tag (per
+// (peer, tag) order, as Gloo's), and a message that arrives before its
+// receive is posted (another tag's, or any source's) waits in a buffer.
 #include <c10/core/Event.h>
 #include <c10/core/Stream.h>
 #include <c10/core/StreamGuard.h>
@@ -20,10 +38,12 @@
 #include <pybind11/chrono.h>
 #include <torch/extension.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -150,6 +170,19 @@ class CxlrtWork : public c10d::Work {
   }
   const std::optional<c10::Stream>& stream() const { return stream_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  // The sender of a completed receive (recvAnysource's answer).
+  int sourceRank() const override {
+    std::lock_guard<std::mutex> l(mu_);
+    if (source_ < 0) {
+      throw std::runtime_error(
+          "cxlrt: sourceRank() is known only for a completed recv or recv from any source");
+    }
+    return source_;
+  }
+  void SetSource(int source) {
+    std::lock_guard<std::mutex> l(mu_);
+    source_ = source;
+  }
   std::vector<at::Tensor> result() override { return outputs_; }
 
   void Finish(std::exception_ptr error) {
@@ -174,45 +207,124 @@ class CxlrtWork : public c10d::Work {
   std::condition_variable cv_;
   bool done_ = false;
   std::exception_ptr error_;
+  int source_ = -1;
+};
+
+// One attachment to a pool per process, shared by every group's backend:
+// a host slot, its heartbeat thread and an allocator are a process's, not a
+// group's (a pool has 64 host slots). Freed with the last backend using it.
+struct SharedHost {
+  std::unique_ptr<runtime::Pool> pool;
+  std::unique_ptr<runtime::Membership> membership;
+  std::unique_ptr<allocator::Allocator> alloc;
+  ~SharedHost() {  // in reverse order of making
+    alloc.reset();
+    membership.reset();
+    pool.reset();
+  }
+};
+
+// `who` ("rank 1 of 2") prefixes its errors.
+std::shared_ptr<SharedHost> HostFor(const std::string& uri, const std::string& who) {
+  // Never destroyed: backends may outlive static destruction at exit.
+  static auto* mu = new std::mutex;
+  static auto* hosts = new std::map<std::string, std::weak_ptr<SharedHost>>;
+  std::lock_guard<std::mutex> l(*mu);
+  if (std::shared_ptr<SharedHost> h = (*hosts)[uri].lock()) return h;
+  auto fail = [&](const absl::Status& s, const char* what) {
+    Raise(absl::Status(s.code(), absl::StrCat(who, " ", what, " ", uri, ": ", s.message())));
+  };
+  auto h = std::make_shared<SharedHost>();
+  auto pool = runtime::Pool::Open(uri);
+  if (!pool.ok()) fail(pool.status(), "opening the pool");
+  h->pool = *std::move(pool);
+  runtime::AttachOptions attach;
+  attach.host_id = -1;  // any free host slot: each process is a host of its own
+  auto membership = runtime::Membership::Attach(*h->pool, attach);
+  if (!membership.ok()) fail(membership.status(), "attaching to");
+  h->membership = *std::move(membership);
+  auto alloc = allocator::Allocator::Open(*h->pool, *h->membership);
+  if (!alloc.ok()) fail(alloc.status(), "opening the allocator of");
+  h->alloc = *std::move(alloc);
+  (*hosts)[uri] = h;
+  return h;
+}
+
+// A message's first post on the channel; its bytes follow in pieces.
+struct P2pHeader {
+  int64_t tag;
+  uint64_t bytes;
+  int64_t numel;
+  int64_t type;  // c10::ScalarType
+};
+
+// A pending send or receive (peer -1: a receive from any source).
+struct P2pOp {
+  c10::intrusive_ptr<CxlrtWork> work;
+  at::Tensor tensor;
+  int peer;
+  int tag;
+  bool header_sent = false;                     // sends
+  uint64_t done = 0;                            // bytes moved (sends)
+  P2pHeader header{};                           // sends: what the header says
+  std::chrono::steady_clock::time_point since;  // posted, or last moved
+};
+
+// A message being received or received before its receive was posted.
+struct P2pMessage {
+  int peer;
+  P2pHeader header;
+  std::shared_ptr<P2pOp> recv;  // null while unclaimed
+  at::Tensor buffer;            // its bytes when they do not go to recv's tensor
+  uint64_t done = 0;
+  bool complete = false;
 };
 
 class CxlrtBackend : public c10d::Backend {
  public:
   CxlrtBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                std::chrono::milliseconds timeout, const std::string& pool_uri)
-      : Backend(rank, size) {
+      : Backend(rank, size), timeout_(timeout) {
     // Rank 0 makes the pool when it does not exist, and names the
-    // communicator; the others wait for both through the store.
-    std::string name;
+    // communicators; the others wait for both through the store (torch
+    // gives each group a store of its own).
     if (rank == 0) {
       // Made here unless the caller made it (torch_backend.py does, so
       // that the pool goes when the job's process exits).
       auto made = runtime::Pool::Create(pool_uri);
       if (!made.ok() && !absl::IsAlreadyExists(made.status())) Raise(made.status());
       std::random_device rd;
-      name = absl::StrCat("torch-", rd(), "-", rd());
-      store->set("cxlrt/communicator", std::vector<uint8_t>(name.begin(), name.end()));
+      name_ = absl::StrCat("torch-", rd(), "-", rd());
+      store->set("cxlrt/communicator", std::vector<uint8_t>(name_.begin(), name_.end()));
     } else {
       const std::vector<uint8_t> got = store->get("cxlrt/communicator");
-      name.assign(got.begin(), got.end());
+      name_.assign(got.begin(), got.end());
     }
-    auto pool = runtime::Pool::Open(pool_uri);
-    if (!pool.ok()) Raise(pool.status());
-    pool_ = *std::move(pool);
-    runtime::AttachOptions attach;
-    attach.host_id = -1;  // any free host slot: each rank is a host of its own
-    auto membership = runtime::Membership::Attach(*pool_, attach);
-    if (!membership.ok()) Raise(membership.status());
-    membership_ = *std::move(membership);
-    auto alloc = allocator::Allocator::Open(*pool_, *membership_);
-    if (!alloc.ok()) Raise(alloc.status());
-    alloc_ = *std::move(alloc);
+    host_ = HostFor(pool_uri, absl::StrCat("rank ", rank, " of ", size));
+    // The p2p communicator now, while every rank is here: its calls involve
+    // only two ranks. It runs no collective but Destroy's barrier, so its
+    // data slots are the smallest there are. Its channels (n x n of them)
+    // are 256 KiB, a quarter of the communicator's default, so that a group
+    // of 2 ranks costs about 1 MiB of the pool until it runs a collective,
+    // and a 1 GiB pool holds the 40 used groups Gloo makes (the collective
+    // communicator's slots take 4 MiB a rank); CXLRT_COMM_P2P_BYTES sets
+    // them.
     collectives::CommOptions o;
     o.timeout = absl::FromChrono(timeout);
-    auto comm = collectives::Communicator::Create(*alloc_, name, size, rank, o);
-    if (!comm.ok()) Raise(comm.status());
-    comm_ = *std::move(comm);
-    worker_ = std::thread([this] { Run(); });
+    o.slot_bytes = 64;
+    o.depth = collectives::kMinDepth;
+    if (std::getenv("CXLRT_COMM_P2P_BYTES") == nullptr) o.p2p_bytes = 256 << 10;
+    auto p2p = collectives::Communicator::Create(*host_->alloc, name_ + "-p2p", size, rank, o);
+    if (!p2p.ok()) {
+      Raise(absl::Status(p2p.status().code(),
+                         absl::StrCat("rank ", rank, " of ", size, " making the group's p2p ",
+                                      "communicator: ", p2p.status().message())));
+    }
+    p2p_ = *std::move(p2p);
+    in_.resize(size);
+    sends_.resize(size);
+    sent_at_.resize(size);
+    received_at_.resize(size);
   }
 
   ~CxlrtBackend() override {
@@ -222,10 +334,15 @@ class CxlrtBackend : public c10d::Backend {
     }
     cv_.notify_all();
     if (worker_.joinable()) worker_.join();
+    {
+      std::lock_guard<std::mutex> l(p2p_mu_);
+      p2p_stop_ = true;
+    }
+    p2p_cv_.notify_all();
+    if (p2p_thread_.joinable()) p2p_thread_.join();
     comm_.reset();  // Destroy: a barrier, then rank 0 waits until every rank has left
-    alloc_.reset();
-    membership_.reset();
-    pool_.reset();
+    p2p_.reset();
+    host_.reset();
   }
 
   const std::string getBackendName() const override { return "cxlrt"; }
@@ -421,21 +538,30 @@ class CxlrtBackend : public c10d::Backend {
                    [](collectives::Communicator& c, void*) { return c.Barrier(); });
   }
 
-  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst,
-                                      int /*tag*/) override {
-    at::Tensor t = One(tensors);
-    return Enqueue(c10d::OpType::SEND, {t}, [=](collectives::Communicator& c, void* stream) {
-      return c.Send(t.data_ptr(), t.numel(), TypeOf(t), dst, stream);
-    });
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
+    at::Tensor t = OneOfAnyType(tensors);
+    CheckPeer(dst, "send to");
+    return PostP2p(c10d::OpType::SEND, t, dst, tag);
   }
 
-  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src,
-                                      int /*tag*/) override {
-    at::Tensor t = One(tensors);
-    return Enqueue(c10d::OpType::RECV, {t}, [=](collectives::Communicator& c, void* stream) {
-      return c.Recv(t.data_ptr(), t.numel(), TypeOf(t), src, stream);
-    });
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
+    at::Tensor t = OneOfAnyType(tensors);
+    CheckPeer(src, "recv from");
+    return PostP2p(c10d::OpType::RECV, t, src, tag);
   }
+
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override {
+    at::Tensor t = OneOfAnyType(tensors);
+    if (size_ < 2) {
+      throw std::invalid_argument(
+          absl::StrCat("cxlrt: rank ", rank_, ": recv from any source in a group of one rank"));
+    }
+    return PostP2p(c10d::OpType::RECVANYSOURCE, t, -1, tag);
+  }
+
+  // Collectives called so far (equal on every rank of a group that calls
+  // the same collectives; torch's desync checks compare them).
+  uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
 
   static c10::intrusive_ptr<c10d::Backend> Create(const c10::intrusive_ptr<c10d::Store>& store,
                                                   int rank, int size,
@@ -468,9 +594,13 @@ class CxlrtBackend : public c10d::Backend {
       std::function<absl::Status(collectives::Communicator&, void* stream)> run) {
     std::optional<c10::Stream> stream = StreamOf(outputs);
     auto work = c10::make_intrusive<CxlrtWork>(rank_, type, std::move(outputs), stream);
+    ++seq_;
     {
       std::lock_guard<std::mutex> l(mu_);
       if (always_queue_ || busy_ || !jobs_.empty()) {
+        // The worker starts with the first queued call: a group that is
+        // never used, or used one call at a time, costs no thread.
+        if (!worker_.joinable()) worker_ = std::thread([this] { Run(); });
         jobs_.push_back({work, std::move(run)});
         cv_.notify_one();
         return work;
@@ -489,7 +619,7 @@ class CxlrtBackend : public c10d::Backend {
     if (stream) on.emplace(*stream);
     std::exception_ptr error;
     try {
-      absl::Status s = job.run(*comm_, stream ? stream->native_handle() : nullptr);
+      absl::Status s = job.run(Comm(), stream ? stream->native_handle() : nullptr);
       if (!s.ok()) Raise(s);
     } catch (...) {
       error = std::current_exception();
@@ -517,10 +647,401 @@ class CxlrtBackend : public c10d::Backend {
     }
   }
 
-  std::unique_ptr<runtime::Pool> pool_;
-  std::unique_ptr<runtime::Membership> membership_;
-  std::unique_ptr<allocator::Allocator> alloc_;
-  std::unique_ptr<collectives::Communicator> comm_;
+  // The collective communicator, made at the group's first collective
+  // (every rank calls it). REQUIRES: the caller runs calls (busy_).
+  collectives::Communicator& Comm() {
+    if (comm_) return *comm_;
+    if (comm_error_) std::rethrow_exception(comm_error_);
+    try {
+      collectives::CommOptions o;
+      o.timeout = absl::FromChrono(timeout_);
+      o.p2p_bytes = 256;  // the smallest channels: its Send/Recv are unused
+      auto comm = collectives::Communicator::Create(*host_->alloc, name_, size_, rank_, o);
+      if (!comm.ok()) {
+        Raise(absl::Status(comm.status().code(),
+                           absl::StrCat("rank ", rank_, " of ", size_, " making the group's ",
+                                        "communicator: ", comm.status().message())));
+      }
+      comm_ = *std::move(comm);
+    } catch (...) {
+      comm_error_ = std::current_exception();
+      throw;
+    }
+    return *comm_;
+  }
+
+  // Point to point moves bytes: any element type, as Gloo's.
+  static at::Tensor OneOfAnyType(const std::vector<at::Tensor>& tensors) {
+    if (tensors.size() != 1) throw std::invalid_argument("cxlrt: one tensor per call");
+    CheckTensor(tensors[0]);
+    return tensors[0];
+  }
+
+  void CheckPeer(int peer, const char* what) const {
+    if (peer < 0 || peer >= size_ || peer == rank_) {
+      throw std::invalid_argument(absl::StrCat("cxlrt: rank ", rank_, ": ", what, " rank ", peer,
+                                               ": not another rank of this group of ", size_));
+    }
+  }
+
+  // "rank 1: recv from rank 0 (tag 3, 4096 bytes)": who, what, with whom.
+  std::string Describe(const P2pOp& op, bool send) const {
+    return absl::StrCat("rank ", rank_, ": ", send ? "send to rank " : "recv from ",
+                        send          ? absl::StrCat(op.peer)
+                        : op.peer < 0 ? std::string("any source")
+                                      : absl::StrCat("rank ", op.peer),
+                        " (tag ", op.tag, ", ", op.tensor.defined() ? op.tensor.nbytes() : 0,
+                        " bytes)");
+  }
+
+  c10::intrusive_ptr<c10d::Work> PostP2p(c10d::OpType type, const at::Tensor& t, int peer,
+                                         int tag) {
+    auto op = std::make_shared<P2pOp>();
+    op->work =
+        c10::make_intrusive<CxlrtWork>(rank_, type, std::vector<at::Tensor>{t}, StreamOf({t}));
+    op->tensor = t;
+    op->peer = peer;
+    op->tag = tag;
+    op->since = std::chrono::steady_clock::now();
+    const bool send = type == c10d::OpType::SEND;
+    if (send) {
+      op->header = {tag, t.nbytes(), t.numel(), static_cast<int64_t>(t.scalar_type())};
+    }
+    {
+      std::lock_guard<std::mutex> l(p2p_mu_);
+      if (p2p_stop_) throw std::runtime_error("cxlrt: the process group is being destroyed");
+      inbox_.push_back({send, op});
+      if (!p2p_thread_.joinable()) p2p_thread_ = std::thread([this] { P2pRun(); });
+    }
+    p2p_cv_.notify_one();
+    return op->work;
+  }
+
+  // Completes `op` (error: null for success); CUDA ops on their stream.
+  void Complete(P2pOp& op, std::exception_ptr error, int source = -1) {
+    const std::optional<c10::Stream>& stream = op.work->stream();
+    std::optional<c10::StreamGuard> on;
+    if (stream) on.emplace(*stream);
+    if (source >= 0) op.work->SetSource(source);
+    op.work->Finish(error);
+  }
+  void Fail(P2pOp& op, bool send, absl::string_view why) {
+    Complete(op, std::make_exception_ptr(
+                     std::runtime_error(absl::StrCat("cxlrt: ", Describe(op, send), ": ", why))));
+  }
+
+  // The p2p thread: takes posted calls, moves what can move without
+  // waiting for a peer, and when nothing could: yields for 1 ms after the
+  // last move (a peer amid a message moves again within microseconds), then
+  // naps, from 10 us up to 200 us (a peer's post wakes nobody, so the nap
+  // bounds a message's latency), or sleeps until a call is posted when none
+  // is pending.
+  void P2pRun() {
+    using Clock = std::chrono::steady_clock;
+    Clock::time_point moved = Clock::now();
+    int naps = 0;
+    for (;;) {
+      std::deque<std::pair<bool, std::shared_ptr<P2pOp>>> posted;
+      {
+        std::unique_lock<std::mutex> l(p2p_mu_);
+        if (!p2p_stop_ && inbox_.empty()) {
+          if (!Pending()) {
+            p2p_cv_.wait(l, [&] { return p2p_stop_ || !inbox_.empty(); });
+          } else if (Clock::now() - moved > std::chrono::milliseconds(1)) {
+            const auto nap = std::chrono::microseconds(std::min(200, 10 << std::min(naps++, 5)));
+            p2p_cv_.wait_for(l, nap, [&] { return p2p_stop_ || !inbox_.empty(); });
+          }
+        }
+        if (p2p_stop_) break;
+        posted.swap(inbox_);
+      }
+      if (!posted.empty()) moved = Clock::now();
+      for (auto& [send, op] : posted) {
+        if (!p2p_error_.empty()) {
+          Fail(*op, send, p2p_error_);
+        } else if (send) {
+          sends_[op->peer].push_back(op);
+        } else {
+          PostRecv(op);
+        }
+      }
+      if (Step()) {
+        moved = Clock::now();
+        naps = 0;
+      } else {
+        std::this_thread::yield();
+      }
+    }
+    // Destroyed with calls pending: they fail rather than hang.
+    const char* why = "the process group was destroyed with this call pending";
+    for (auto& [send, op] : inbox_) Fail(*op, send, why);
+    inbox_.clear();
+    FailAll(why);
+  }
+
+  bool Pending() const {
+    for (const auto& q : sends_) {
+      if (!q.empty()) return true;
+    }
+    for (const auto& m : in_) {
+      if (m) return true;
+    }
+    return !recvs_.empty();
+  }
+
+  void FailAll(absl::string_view why) {
+    for (auto& q : sends_) {
+      for (auto& op : q) Fail(*op, true, why);
+      q.clear();
+    }
+    for (auto& m : in_) {
+      if (m && m->recv) Fail(*m->recv, false, why);
+      m.reset();
+    }
+    for (auto& m : unexpected_) {
+      if (m->recv) Fail(*m->recv, false, why);
+    }
+    unexpected_.clear();
+    for (auto& op : recvs_) Fail(*op, false, why);
+    recvs_.clear();
+  }
+
+  // The p2p communicator failed (it is aborted): every call fails with it.
+  void Broken(const P2pOp& op, bool send, const absl::Status& s) {
+    p2p_error_ =
+        absl::StrCat("p2p broken by an earlier failure: ", Describe(op, send), ": ", s.ToString());
+    FailAll(p2p_error_);
+  }
+
+  static bool Matches(const P2pOp& recv, const P2pMessage& m) {
+    return (recv.peer < 0 || recv.peer == m.peer) && recv.tag == m.header.tag;
+  }
+
+  // A posted receive takes the first message that arrived for it, else
+  // waits, in posting order, for one.
+  void PostRecv(const std::shared_ptr<P2pOp>& op) {
+    for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
+      if (!Matches(*op, **it)) continue;
+      std::shared_ptr<P2pMessage> m = *it;
+      unexpected_.erase(it);
+      m->recv = op;
+      if (m->complete) Deliver(*m);  // else when its last piece arrives
+      return;
+    }
+    recvs_.push_back(op);
+  }
+
+  // A complete message: to its receive, copied from the buffer if it went
+  // there, or an error when the sizes differ.
+  void Deliver(P2pMessage& m) {
+    P2pOp& op = *m.recv;
+    const P2pHeader& h = m.header;
+    if (h.bytes != op.tensor.nbytes() || h.type != static_cast<int64_t>(op.tensor.scalar_type())) {
+      return Fail(op, false,
+                  absl::StrCat("rank ", m.peer, " sent ", h.numel, " elements of ",
+                               c10::toString(static_cast<c10::ScalarType>(h.type)), " (", h.bytes,
+                               " bytes) but this receive is of ", op.tensor.numel(), " ",
+                               c10::toString(op.tensor.scalar_type())));
+    }
+    if (m.buffer.defined() && h.bytes > 0) {
+      const std::optional<c10::Stream>& stream = op.work->stream();
+      std::optional<c10::StreamGuard> on;
+      if (stream) on.emplace(*stream);
+      op.tensor.reshape({-1}).view(at::kByte).copy_(m.buffer);
+    }
+    Complete(op, nullptr, m.peer);
+  }
+
+  // Where message m's bytes go: the receive's tensor when matched with the
+  // right size and type, else the buffer.
+  uint8_t* Destination(P2pMessage& m) {
+    if (m.recv && !m.buffer.defined() && m.header.bytes == m.recv->tensor.nbytes() &&
+        m.header.type == static_cast<int64_t>(m.recv->tensor.scalar_type())) {
+      return static_cast<uint8_t*>(m.recv->tensor.data_ptr());
+    }
+    if (!m.buffer.defined()) {
+      m.buffer = at::empty({static_cast<int64_t>(m.header.bytes)}, at::kByte);
+    }
+    return m.buffer.data_ptr<uint8_t>();
+  }
+
+  // Moves whatever can move without waiting for a peer; true if anything did.
+  bool Step() {
+    bool moved = false;
+    const uint64_t piece = p2p_->p2p_bytes();
+    for (int p = 0; p < size_ && p2p_error_.empty(); ++p) {
+      if (p == rank_) continue;
+      // Sends to p, in posting order: header, then pieces, each only when
+      // the channel has room for all of it.
+      auto& q = sends_[p];
+      while (!q.empty() && p2p_error_.empty()) {
+        P2pOp& op = *q.front();
+        if (!op.header_sent) {
+          if (!p2p_->SendFits(p, sizeof(P2pHeader))) break;
+          if (absl::Status s =
+                  p2p_->Send(&op.header, sizeof(P2pHeader), collectives::DataType::kUint8, p);
+              !s.ok()) {
+            Broken(op, true, s);
+            return true;
+          }
+          op.header_sent = moved = true;
+          sent_at_[p] = std::chrono::steady_clock::now();
+        }
+        const uint64_t bytes = op.header.bytes;
+        bool blocked = false;
+        while (op.done < bytes) {
+          const uint64_t len = std::min(piece, bytes - op.done);
+          if (!p2p_->SendFits(p, len)) {
+            blocked = true;
+            break;
+          }
+          const std::optional<c10::Stream>& stream = op.work->stream();
+          std::optional<c10::StreamGuard> on;
+          if (stream) on.emplace(*stream);
+          if (absl::Status s = p2p_->Send(
+                  static_cast<const uint8_t*>(op.tensor.data_ptr()) + op.done, len,
+                  collectives::DataType::kUint8, p, stream ? stream->native_handle() : nullptr);
+              !s.ok()) {
+            Broken(op, true, s);
+            return true;
+          }
+          op.done += len;
+          moved = true;
+          sent_at_[p] = std::chrono::steady_clock::now();
+        }
+        if (blocked) break;
+        Complete(op, nullptr);
+        q.pop_front();
+        sent_at_[p] = std::chrono::steady_clock::now();  // the next one's wait starts now
+      }
+      if (!p2p_error_.empty()) break;
+      // Receives from p: a header only while a posted receive could take
+      // a message from p (messages for no receive wait in the channel).
+      if (!in_[p] && Wanted(p) && p2p_->RecvReady(p)) {
+        auto m = std::make_shared<P2pMessage>();
+        m->peer = p;
+        if (absl::Status s =
+                p2p_->Recv(&m->header, sizeof(P2pHeader), collectives::DataType::kUint8, p);
+            !s.ok()) {
+          P2pOp none;
+          none.peer = p;
+          none.tag = -1;
+          Broken(none, false, s);
+          return true;
+        }
+        moved = true;
+        received_at_[p] = std::chrono::steady_clock::now();
+        Arrived(m);
+        in_[p] = m;
+      }
+      while (in_[p] && p2p_error_.empty()) {
+        P2pMessage& m = *in_[p];
+        if (m.done < m.header.bytes) {
+          if (!p2p_->RecvReady(p)) break;
+          const uint64_t len = std::min(piece, m.header.bytes - m.done);
+          uint8_t* to = Destination(m) + m.done;
+          const bool direct = !m.buffer.defined();
+          std::optional<c10::Stream> stream;
+          if (direct) stream = m.recv->work->stream();
+          std::optional<c10::StreamGuard> on;
+          if (stream) on.emplace(*stream);
+          if (absl::Status s = p2p_->Recv(to, len, collectives::DataType::kUint8, p,
+                                          stream ? stream->native_handle() : nullptr);
+              !s.ok()) {
+            P2pOp none;
+            none.peer = p;
+            none.tag = static_cast<int>(m.header.tag);
+            Broken(m.recv ? *m.recv : none, false, s);
+            return true;
+          }
+          m.done += len;
+          moved = true;
+          received_at_[p] = std::chrono::steady_clock::now();
+          continue;
+        }
+        m.complete = true;
+        if (m.recv) Deliver(m);
+        in_[p].reset();
+      }
+    }
+    if (p2p_error_.empty()) Expire();
+    return moved;
+  }
+
+  // A posted receive could take the next message from p.
+  bool Wanted(int p) const {
+    for (const auto& op : recvs_) {
+      if (op->peer < 0 || op->peer == p) return true;
+    }
+    return false;
+  }
+
+  // A header arrived: the first posted receive that matches takes the
+  // message, unless an earlier message of that peer and tag still waits
+  // for one (per (peer, tag) order); else it is buffered.
+  void Arrived(const std::shared_ptr<P2pMessage>& m) {
+    for (const auto& u : unexpected_) {
+      if (u->peer == m->peer && u->header.tag == m->header.tag) {
+        unexpected_.push_back(m);
+        return;
+      }
+    }
+    for (auto it = recvs_.begin(); it != recvs_.end(); ++it) {
+      if (Matches(**it, *m)) {
+        m->recv = *it;
+        recvs_.erase(it);
+        return;
+      }
+    }
+    unexpected_.push_back(m);
+  }
+
+  // A call fails when neither it nor its channel has moved for the group's
+  // timeout. One not yet begun on the channel fails alone; one cut in the
+  // middle leaves the channel unusable, so every call fails then.
+  void Expire() {
+    using Clock = std::chrono::steady_clock;
+    const Clock::time_point now = Clock::now();
+    const std::string why =
+        absl::StrCat("Timed out after ", timeout_.count(), " ms: the peer did not take part");
+    for (int p = 0; p < size_; ++p) {
+      auto& q = sends_[p];
+      if (q.empty() || now - std::max(q.front()->since, sent_at_[p]) <= timeout_) continue;
+      P2pOp& op = *q.front();
+      if (op.header_sent) {
+        p2p_->Abort(absl::StrCat(Describe(op, true), ": ", why));
+        return Broken(op, true, absl::DeadlineExceededError(why));
+      }
+      Fail(op, true, why);
+      q.pop_front();
+    }
+    for (int p = 0; p < size_; ++p) {
+      if (in_[p] && in_[p]->recv && now - received_at_[p] > timeout_) {
+        P2pOp& op = *in_[p]->recv;
+        p2p_->Abort(absl::StrCat(Describe(op, false), ": ", why));
+        return Broken(op, false, absl::DeadlineExceededError(why));
+      }
+    }
+    for (auto it = recvs_.begin(); it != recvs_.end();) {
+      Clock::time_point moved = (*it)->since;
+      for (int p = 0; p < size_; ++p) {
+        if ((*it)->peer < 0 || (*it)->peer == p) moved = std::max(moved, received_at_[p]);
+      }
+      if (now - moved > timeout_) {
+        Fail(**it, false, why);
+        it = recvs_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  const std::chrono::milliseconds timeout_;
+  std::string name_;  // of the communicators, rank 0's choice
+  std::shared_ptr<SharedHost> host_;
+  std::unique_ptr<collectives::Communicator> comm_;  // at the first collective
+  std::exception_ptr comm_error_;                    // making comm_ failed
+  std::atomic<uint64_t> seq_{0};
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> jobs_;
@@ -530,7 +1051,23 @@ class CxlrtBackend : public c10d::Backend {
     const char* v = std::getenv("CXLRT_TORCH_ASYNC");
     return v && std::string(v) == "1";
   }();
-  std::thread worker_;
+  std::thread worker_;  // at the first queued call
+
+  // Point to point. The posting threads touch only inbox_ and p2p_stop_
+  // (under p2p_mu_); the rest is the p2p thread's.
+  std::unique_ptr<collectives::Communicator> p2p_;
+  std::mutex p2p_mu_;
+  std::condition_variable p2p_cv_;
+  std::deque<std::pair<bool, std::shared_ptr<P2pOp>>> inbox_;  // (send?, call)
+  bool p2p_stop_ = false;
+  std::thread p2p_thread_;                                 // at the first p2p call
+  std::vector<std::deque<std::shared_ptr<P2pOp>>> sends_;  // per peer, in order
+  std::deque<std::shared_ptr<P2pOp>> recvs_;               // posted, no message yet, in order
+  std::vector<std::shared_ptr<P2pMessage>> in_;            // per peer: the message arriving
+  std::deque<std::shared_ptr<P2pMessage>> unexpected_;     // arrived before their receive
+  std::string p2p_error_;                                  // the p2p communicator failed: why
+  // Per peer: when a send to it or a receive from it last moved.
+  std::vector<std::chrono::steady_clock::time_point> sent_at_, received_at_;
 };
 
 }  // namespace

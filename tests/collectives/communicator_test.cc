@@ -1564,6 +1564,60 @@ TEST_P(CollectivesTest, ASendRunsAheadOfItsReceiverByTheRingAndNoFurther) {
   munmap(sh, 4096);
 }
 
+// The probes a caller uses to drive p2p without waiting (the torch
+// backend's p2p thread): SendFits says whether a Send's chunks fit the ring
+// now, RecvReady whether the next Send's first chunk is posted.
+TEST_P(CollectivesTest, TheP2pProbesSayWhenASendFitsAndWhenARecvCanStart) {
+  auto* sh = static_cast<std::atomic<int>*>(
+      mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(sh, MAP_FAILED);
+  std::atomic<int>& step = sh[0];  // 1: rank 1 probed an empty channel; 2: rank 0 sent;
+                                   // 3: rank 1 received
+  CommOptions o;
+  o.p2p_bytes = 1024;  // kP2pSlots chunks of 256 B
+  RunRanks(
+      2,
+      [&](Communicator& comm, allocator::Allocator&) -> std::string {
+        auto await = [&](int v) {
+          const absl::Time deadline = absl::Now() + absl::Seconds(30);
+          while (step.load() < v) {
+            if (absl::Now() > deadline) return false;
+            absl::SleepFor(absl::Milliseconds(1));
+          }
+          return true;
+        };
+        std::vector<uint8_t> buf(768, 7);
+        if (comm.rank() == 0) {
+          if (!comm.SendFits(1, 1024)) return "4 chunks do not fit an empty ring";
+          if (comm.SendFits(1, 1025)) return "5 chunks fit a ring of 4";
+          if (comm.SendFits(0, 1) || comm.SendFits(2, 1)) return "a bad peer fits";
+          if (!await(1)) return "rank 1 did not probe";
+          absl::Status s = comm.Send(buf.data(), 768, DataType::kUint8, 1);  // 3 chunks
+          if (!s.ok()) return s.ToString();
+          if (!comm.SendFits(1, 256) || comm.SendFits(1, 512)) {
+            return "after 3 unconsumed chunks, room is not 1 chunk";
+          }
+          step = 2;
+          if (!await(3)) return "rank 1 did not receive";
+          if (!comm.SendFits(1, 1024)) return "the ring is not empty after its Recv";
+          return "";
+        }
+        if (comm.RecvReady(0)) return "a Recv can start before any Send";
+        step = 1;
+        if (!await(2)) return "rank 0 did not send";
+        if (!comm.RecvReady(0)) return "a posted Send is not seen";
+        std::vector<uint8_t> got(768);
+        absl::Status s = comm.Recv(got.data(), 768, DataType::kUint8, 0);
+        if (!s.ok()) return s.ToString();
+        if (got != buf) return "wrong bytes received";
+        if (comm.RecvReady(0)) return "a Recv can start after the only Send was received";
+        step = 3;
+        return "";
+      },
+      absl::Seconds(60), o, "probes");
+  munmap(sh, 4096);
+}
+
 TEST_P(CollectivesTest, BadArgumentsAreRefusedWithoutTouchingTheCommunicator) {
   RunRanks(
       1,
