@@ -16,6 +16,7 @@ import uuid
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import cxlrt
 from test_cxlrt import Producer, run_ranks
@@ -378,8 +379,6 @@ class DlpackOf:
 
 
 # --- Property test: shapes, types, strides and wrong outs for every call ---
-
-from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
 DTYPES = ["int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32",
           "float64"]
