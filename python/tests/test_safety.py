@@ -115,6 +115,24 @@ def test_every_call_refuses_a_wrong_out_size_or_type(uri):
             comm._c.all_gather(x, np.zeros(16, np.int32), (1 << 62) + 4, "int32", 0)
 
 
+def test_kv_calls_never_write_past_an_out(uri):
+    with cxlrt.Host(uri) as host:
+        store = host.store(create=True)
+        store.put("ns", "k", np.arange(64, dtype=np.uint8))
+        whole, out = fenced(63)
+        with pytest.raises(cxlrt.InvalidArgumentError):
+            store.get_into("ns", "k", out)
+        res = store.batch_get_into("ns", ["k", "k"], [out, bytearray(64)])
+        assert isinstance(res[0], cxlrt.InvalidArgumentError) and res[1] == 64
+        assert (whole == CANARY).all()
+        whole, out = fenced(100)
+        assert store.get_into("ns", "k", out) == 64
+        assert out[:64].tobytes() == bytes(range(64)) and (whole[PAD + 64:] == CANARY).all()
+        with pytest.raises(cxlrt.InvalidArgumentError, match="read-only"):
+            store.get_into("ns", "k", b"\0" * 64)
+        store.close()
+
+
 def _root_only(rank, n, uri):
     """Buffers a call does not use on this rank are not checked: gather's
     and reduce's out off the root, scatter's and broadcast's x off the
