@@ -15,12 +15,15 @@ for b in cxlrt gpu_test device_test; do
 done
 # The Python package as pip installs it (sources, the torch backend's
 # source, cxlrt's headers, libcxlrt.so), but its extension: the GPU image's
-# Python is another version, so gpu-check.sh compiles module.cc there
-# against that Python, with Abseil's headers carried beside cxlrt's.
+# Python is another version, so gpu-check.sh compiles its sources
+# (python/src/: module.cc, buffers.cc and their headers) there against that
+# Python, with Abseil's headers carried beside cxlrt's.
 cmake --install build-gpu --component python --prefix .gpu/py >/dev/null
 rm -f .gpu/py/cxlrt/_cxlrt*.so
 strip .gpu/py/cxlrt/lib/libcxlrt.so
-cp python/src/module.cc .gpu/py/
+mkdir -p .gpu/py/python/src
+cp python/src/module.cc python/src/buffers.cc python/src/buffers.h python/src/errors.h \
+  .gpu/py/python/src/
 cp -r /usr/include/absl .gpu/py/cxlrt/include/
 # Every library they load but the C runtime's own (the GPU machine's
 # glibc is at least Debian 12's).

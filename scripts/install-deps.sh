@@ -21,7 +21,7 @@ PACKAGES=(
   libpmem2-dev
   libcli11-dev
   nlohmann-json3-dev
-  python3 python3-dev python3-venv pybind11-dev python3-numpy python3-pytest
+  python3 python3-dev python3-venv pybind11-dev python3-numpy python3-pytest python3-hypothesis
   spin
   clang libclang-rt-14-dev llvm
 )

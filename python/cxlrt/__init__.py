@@ -61,10 +61,19 @@ _TORCH = {
 }
 
 
-def _view(x, dtype: Optional[str] = None):
+# Producers whose arrays are immutable by contract, whatever their DLPack
+# capsule says: cxlrt never writes into them.
+_IMMUTABLE = ("jax", "jaxlib", "tensorflow")
+
+
+def _view(x, dtype: Optional[str] = None, *, writable: bool = False):
     """(buffer, cxlrt dtype, elements) of an array, without a copy: numpy
     arrays, torch tensors, ``__cuda_array_interface__`` objects, DLPack
-    arrays, buffers. GPU memory comes back as a DeviceSpan (docs/gpu.md)."""
+    arrays, buffers. GPU memory comes back as a DeviceSpan (docs/gpu.md).
+    The dtype is the array's own; ``dtype`` names the elements of an untyped
+    buffer (bytearray, PoolBuffer). ``writable``: the call writes x, so a
+    read-only array is refused (InvalidArgumentError). The C++ side holds
+    the buffer for the call and checks its size against the call."""
     mod = type(x).__module__
     if mod.startswith("torch"):
         if x.device.type not in ("cpu", "cuda"):
@@ -76,20 +85,22 @@ def _view(x, dtype: Optional[str] = None):
             raise InvalidArgumentError(f"cxlrt has no element type for {x.dtype}")
         if x.device.type == "cuda":
             span = _cxlrt.DeviceSpan(x.data_ptr(), x.numel() * x.element_size())
-            return span, dtype or name, x.numel()
+            return span, name, x.numel()
         import torch  # the caller has it
 
         # numpy has no bfloat16: the same bits through an int16 view.
         arr = x.view(torch.int16).numpy() if name == "bfloat16" else x.numpy()
-        return arr, dtype or name, x.numel()
+        return arr, name, x.numel()
     cai = getattr(x, "__cuda_array_interface__", None)
     if cai is not None:  # CuPy, Numba and other GPU arrays
         import numpy as np
 
         if cai.get("strides") is not None:
             raise InvalidArgumentError("the GPU array is not C-contiguous")
+        if writable and cai["data"][1]:
+            raise InvalidArgumentError("the GPU array is read-only; the call writes it")
         dt = np.dtype(cai["typestr"])
-        name = dtype or _NUMPY.get(str(dt))
+        name = _NUMPY.get(str(dt))
         if name is None:
             raise InvalidArgumentError(f"cxlrt has no element type for {dt}")
         count = int(np.prod(cai["shape"])) if cai["shape"] else 1
@@ -97,21 +108,36 @@ def _view(x, dtype: Optional[str] = None):
     if hasattr(x, "dtype") and hasattr(x, "size") and hasattr(x, "flags"):  # numpy
         if not x.flags["C_CONTIGUOUS"]:
             raise InvalidArgumentError("the array is not C-contiguous")
-        name = dtype or _NUMPY.get(str(x.dtype))
+        name = _NUMPY.get(str(x.dtype))
         if name is None:
             raise InvalidArgumentError(f"cxlrt has no element type for {x.dtype}")
-        return x, name, x.size
+        return x, name, x.size  # a read-only one is refused by the C++ side when written
     if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):  # JAX, TF, ... arrays
+        if writable and mod.split(".")[0] in _IMMUTABLE:
+            raise InvalidArgumentError(f"a {mod}.{type(x).__name__} is immutable; cxlrt does "
+                                       "not write into it")
         # A CUDA producer orders its work before the consumer's stream (1:
         # the legacy default stream, which the call uses unless given one).
         dev_type = x.__dlpack_device__()[0]
-        cap = x.__dlpack__(stream=1) if dev_type in (2, 13) else x.__dlpack__()
-        span, name, count = _cxlrt.dlpack_view(cap)
-        return span, dtype or name, count
+        kw = {"stream": 1} if dev_type in (2, 13) else {}
+        try:  # DLPack 1.0 says whether the array is read-only
+            cap = x.__dlpack__(max_version=(1, 0), **kw)
+        except TypeError:  # a producer of the legacy protocol only
+            cap = x.__dlpack__(**kw)
+        return _cxlrt.dlpack_view(cap, writable)
     if dtype is None:
         raise InvalidArgumentError("pass dtype= for a buffer that is not an array")
     nbytes = memoryview(x).nbytes
     return x, dtype, nbytes // _cxlrt.dtype_size(dtype)
+
+
+def _raw(x, writable: bool = False):
+    """The buffer of ``x`` for a call that moves bytes (the KV store), whose
+    element type does not matter."""
+    if (hasattr(x, "dtype") and hasattr(x, "flags") and hasattr(x, "size")
+            and not type(x).__module__.startswith("torch")):
+        return x  # numpy: any type; contiguity and writability checked in C++
+    return _view(x, "uint8", writable=writable)[0]
 
 
 def _stream(stream, x) -> int:
@@ -249,52 +275,66 @@ class Communicator:
         buf = self._c.allocate(max(count * dt.itemsize, 1))
         return np.frombuffer(buf, dtype=dt, count=count).reshape(shape)
 
+    # Each call passes its buffers' own element types: the C++ side checks
+    # that they are the call's and that every buffer holds exactly what the
+    # call reads or writes, before anything is copied.
     def all_reduce(self, x, op: str = "sum", out=None, stream=None):
-        s, t, n = _view(x)
-        r = s if out is None else _view(out, t)[0]
-        self._c.all_reduce(s, r, n, t, op, _stream(stream, x))
+        s, t, n = _view(x, writable=out is None)
+        r, rt = (s, t) if out is None else _view(out, t, writable=True)[:2]
+        self._c.all_reduce(s, r, n, t, op, _stream(stream, x), t, rt)
         return x if out is None else out
 
     def reduce_scatter(self, x, out, op: str = "sum", stream=None):
         s, t, _ = _view(x)
-        r, _, n = _view(out, t)
-        self._c.reduce_scatter(s, r, n, t, op, _stream(stream, x))
+        r, rt, n = _view(out, t, writable=True)
+        self._c.reduce_scatter(s, r, n, t, op, _stream(stream, x), t, rt)
         return out
 
     def all_gather(self, x, out, stream=None):
         s, t, n = _view(x)
-        self._c.all_gather(s, _view(out, t)[0], n, t, _stream(stream, x))
+        r, rt, _ = _view(out, t, writable=True)
+        self._c.all_gather(s, r, n, t, _stream(stream, x), t, rt)
         return out
 
     def broadcast(self, x, root: int = 0, out=None, stream=None):
-        s, t, n = _view(x)
-        r = s if out is None else _view(out, t)[0]
-        self._c.broadcast(s, r, n, t, root, _stream(stream, x))
+        """``x`` matters on the root only: the count is x's on the root,
+        ``out``'s elsewhere."""
+        s, xt, n = _view(x, writable=out is None)
+        r, t = s, xt
+        if out is not None:
+            r, t, out_n = _view(out, xt, writable=True)
+            if self.rank != root:
+                n = out_n
+        self._c.broadcast(s, r, n, t, root, _stream(stream, x), xt, t)
         return x if out is None else out
 
     def reduce(self, x, root: int = 0, op: str = "sum", out=None, stream=None):
-        s, t, n = _view(x)
-        r = s if out is None else _view(out, t)[0]
-        self._c.reduce(s, r, n, t, op, root, _stream(stream, x))
+        """``out`` matters on the root only."""
+        s, t, n = _view(x, writable=out is None)
+        r, rt = (s, t) if out is None else _view(out, t, writable=True)[:2]
+        self._c.reduce(s, r, n, t, op, root, _stream(stream, x), t, rt)
         return x if out is None else out
 
     def gather(self, x, out, root: int = 0, stream=None):
         """``out`` (size * x elements) matters on the root only."""
         s, t, n = _view(x)
-        self._c.gather(s, _view(out, t)[0], n, t, root, _stream(stream, x))
+        r, rt, _ = _view(out, t, writable=True)
+        self._c.gather(s, r, n, t, root, _stream(stream, x), t, rt)
         return out
 
     def scatter(self, x, out, root: int = 0, stream=None):
         """``x`` (size * out elements) matters on the root only."""
-        r, t, n = _view(out)
-        self._c.scatter(_view(x, t)[0], r, n, t, root, _stream(stream, out))
+        r, t, n = _view(out, writable=True)
+        s, xt, _ = _view(x, t)
+        self._c.scatter(s, r, n, t, root, _stream(stream, out), xt, t)
         return out
 
     def all_to_all(self, x, out, stream=None):
         s, t, n = _view(x)
         if n % self.size:
             raise InvalidArgumentError(f"{n} elements do not split over {self.size} ranks")
-        self._c.all_to_all(s, _view(out, t)[0], n // self.size, t, _stream(stream, x))
+        r, rt, _ = _view(out, t, writable=True)
+        self._c.all_to_all(s, r, n // self.size, t, _stream(stream, x), t, rt)
         return out
 
     def barrier(self) -> None:
@@ -302,22 +342,22 @@ class Communicator:
 
     def send(self, x, peer: int, stream=None) -> None:
         s, t, n = _view(x)
-        self._c.send(s, n, t, peer, _stream(stream, x))
+        self._c.send(s, n, t, peer, _stream(stream, x), t)
 
     def recv(self, x, peer: int, stream=None):
-        r, t, n = _view(x)
-        self._c.recv(r, n, t, peer, _stream(stream, x))
+        r, t, n = _view(x, writable=True)
+        self._c.recv(r, n, t, peer, _stream(stream, x), t)
         return x
 
 
-def _buffers(items: Sequence) -> Sequence:
+def _buffers(items: Sequence, writable: bool = False) -> Sequence:
     """The items themselves when they have the buffer protocol (numpy,
-    bytes, PoolBuffer: checked in C++), else their array views (tensors,
-    GPU and DLPack arrays)."""
+    bytes, PoolBuffer: checked in C++), else their views (tensors, GPU and
+    DLPack arrays; ``writable`` refuses read-only ones)."""
     if items and (type(items[0]).__module__.startswith("torch")
                   or hasattr(items[0], "__cuda_array_interface__")
                   or (hasattr(items[0], "__dlpack__") and not hasattr(items[0], "flags"))):
-        return [_view(x, "uint8")[0] for x in items]
+        return [_raw(x, writable) for x in items]
     return items
 
 
@@ -346,11 +386,11 @@ class Store:
 
     def put(self, ns: str, key, value) -> None:
         """AlreadyExistsError when the key is there (the first writer wins)."""
-        self._s.put(ns, _key(key), _view(value, "uint8")[0])
+        self._s.put(ns, _key(key), _raw(value))
 
     def get_into(self, ns: str, key, out) -> int:
         """Copies the value into ``out``; returns its size in bytes."""
-        return self._s.get_into(ns, _key(key), _view(out, "uint8")[0])
+        return self._s.get_into(ns, _key(key), _raw(out, writable=True))
 
     def get(self, ns: str, key) -> bytes:
         out = bytearray(self._s.value_size(ns, _key(key)))
@@ -367,7 +407,7 @@ class Store:
 
     def batch_get_into(self, ns: str, keys: Sequence, outs: Sequence) -> list:
         """One entry per item: the value's size, or the Error of that item."""
-        return self._s.batch_get_into(ns, keys, _buffers(outs))
+        return self._s.batch_get_into(ns, keys, _buffers(outs, writable=True))
 
     def batch_put_paged(self, ns: str, keys: Sequence, blocks: Sequence[int],
                         segments: Sequence[tuple[int, int, int]]) -> list:

@@ -3,16 +3,20 @@
 // it in the Python API (docs/python.md); this file converts types, raises
 // a cxlrt.Error subclass for every non-OK status, and releases the GIL
 // around every call that may block (waits on peers, pool locks, copies).
-// Thread-safety: as the C++ objects it wraps (a Communicator is used by one
-// thread at a time; a Store by any).
+// Lifetimes and threads: "Lifetimes" below (docs/python.md); every buffer
+// is checked against the call before anything is copied.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <condition_variable>
+#include <deque>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -22,6 +26,8 @@
 #include "collectives/communicator.h"
 #include "collectives/device.h"
 #include "kv/store.h"
+#include "python/src/buffers.h"
+#include "python/src/errors.h"
 #include "runtime/coherence.h"
 #include "runtime/membership.h"
 #include "runtime/pool.h"
@@ -30,20 +36,6 @@ namespace py = pybind11;
 
 namespace cxlrt::python {
 namespace {
-
-// A non-OK status on its way to Python.
-struct StatusError {
-  absl::Status status;
-};
-
-void Check(const absl::Status& s) {
-  if (!s.ok()) throw StatusError{s};
-}
-template <typename T>
-T Value(absl::StatusOr<T> v) {
-  if (!v.ok()) throw StatusError{v.status()};
-  return *std::move(v);
-}
 
 // cxlrt.Error and one subclass per status code, made at import.
 PyObject* g_error = nullptr;
@@ -99,6 +91,76 @@ void RegisterErrors(py::module_& m) {
   });
 }
 
+// --- Lifetimes ---
+//
+// The rules (docs/python.md, "Lifetimes"): an object made from a Host
+// (Store, Communicator, PoolBuffer) shares the host's state, so the
+// allocator and membership go when the last of them does, never under a
+// call or a destructor; Store.close() and Communicator.destroy() wait for
+// the calls in flight on other threads (the GIL released) and refuse the
+// calls that start after them; a PoolBuffer is not freed while a view of
+// it is exported; every buffer argument is held (its export) until the
+// GIL-free work on it has finished.
+
+// Calls in flight on an object that close() ends. Close() refuses later
+// calls and waits for those in flight, without the GIL. Its wait has no
+// deadline of its own: each call it waits for has one (the communicator's
+// timeout, the store's lock and copy bounds).
+class Gate {
+ public:
+  // One admitted call; it leaves when destroyed.
+  class Pass {
+   public:
+    explicit Pass(Gate* gate) : gate_(gate) {}
+    Pass(Pass&& o) noexcept : gate_(std::exchange(o.gate_, nullptr)) {}
+    Pass& operator=(Pass&&) = delete;
+    ~Pass() {
+      if (gate_) gate_->Leave();
+    }
+
+   private:
+    Gate* gate_;
+  };
+
+  // Admits a call; FailedPreconditionError `closed` once Close() began.
+  Pass Enter(const char* closed) {
+    std::optional<Pass> p = TryEnter();
+    if (!p) throw StatusError{absl::FailedPreconditionError(closed)};
+    return *std::move(p);
+  }
+  std::optional<Pass> TryEnter() {
+    std::lock_guard<std::mutex> l(mu_);
+    if (closed_) return std::nullopt;
+    ++calls_;
+    return Pass(this);
+  }
+  // Refuses new calls and waits for those in flight. False when it was
+  // closed before. REQUIRES: the GIL (released while waiting).
+  bool Close() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (closed_) return false;
+      closed_ = true;
+      if (calls_ == 0) return true;
+    }
+    py::gil_scoped_release nogil;
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return calls_ == 0; });
+    return true;
+  }
+
+ private:
+  void Leave() {
+    std::lock_guard<std::mutex> l(mu_);
+    if (--calls_ == 0) cv_.notify_all();
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int calls_ = 0;
+  bool closed_ = false;
+};
+
 // --- Pools and hosts ---
 
 // A pool this process has mapped.
@@ -106,316 +168,315 @@ struct PyPool {
   std::unique_ptr<runtime::Pool> pool;
 };
 
-// This process attached to a pool as a host, with its allocator. Closed
-// (in reverse order) by close() or when the last reference goes.
+// What a host's objects use: the pool mapping, the membership and the
+// allocator, shared by the Host and everything made from it. Detached (in
+// reverse order) when the last owner goes. Never touches Python: it may be
+// dropped without the GIL.
+struct HostState {
+  std::shared_ptr<PyPool> pool;
+  std::unique_ptr<runtime::Membership> membership;
+  std::unique_ptr<allocator::Allocator> alloc;
+  ~HostState() {
+    alloc.reset();
+    membership.reset();
+  }
+  uint8_t* base() const { return pool->pool->backend().base(); }
+};
+
+// This process attached to a pool as a host. close() drops the Host's
+// share of the state: it detaches at once when nothing made from the host
+// is left, else when the last of those goes.
 class PyHost {
  public:
-  PyHost(std::shared_ptr<PyPool> pool, std::optional<uint32_t> slot, std::optional<int> host_id)
-      : pool_(std::move(pool)) {
+  PyHost(std::shared_ptr<PyPool> pool, std::optional<uint32_t> slot, std::optional<int> host_id) {
+    auto state = std::make_shared<HostState>();
+    state->pool = std::move(pool);
     runtime::AttachOptions o;
     o.slot = slot;
     o.host_id = host_id;
-    py::gil_scoped_release nogil;
-    membership_ = Value(runtime::Membership::Attach(*pool_->pool, o));
-    alloc_ = Value(allocator::Allocator::Open(*pool_->pool, *membership_));
+    absl::Status s;
+    {
+      py::gil_scoped_release nogil;
+      auto m = runtime::Membership::Attach(*state->pool->pool, o);
+      if (m.ok()) {
+        state->membership = *std::move(m);
+        auto a = allocator::Allocator::Open(*state->pool->pool, *state->membership);
+        if (a.ok()) {
+          state->alloc = *std::move(a);
+        } else {
+          s = a.status();
+        }
+      } else {
+        s = m.status();
+      }
+      if (!s.ok()) state.reset();
+    }
+    Check(s);
+    state_ = std::move(state);
   }
   ~PyHost() { Close(); }
   void Close() {
+    std::shared_ptr<HostState> state = std::move(state_);
+    if (!state) return;
     py::gil_scoped_release nogil;
-    alloc_.reset();
-    membership_.reset();
+    state.reset();
   }
-  bool closed() const { return !alloc_; }
-  allocator::Allocator& alloc() {
-    if (!alloc_) throw StatusError{absl::FailedPreconditionError("the host is closed")};
-    return *alloc_;
+  bool closed() const { return !state_; }
+  // A share of the state, for a call or a new object (the GIL serialises
+  // this with Close).
+  std::shared_ptr<HostState> State() const {
+    if (!state_) throw StatusError{absl::FailedPreconditionError("the host is closed")};
+    return state_;
   }
-  uint32_t slot() { return alloc().membership().slot(); }
-  runtime::Pool& pool() { return *pool_->pool; }
 
  private:
-  std::shared_ptr<PyPool> pool_;
-  std::unique_ptr<runtime::Membership> membership_;
-  std::unique_ptr<allocator::Allocator> alloc_;
+  std::shared_ptr<HostState> state_;
 };
 
 // A block of the pool this process may read and write through the buffer
-// protocol (numpy.frombuffer, torch.frombuffer: no copy). Freed by free()
-// or with its owner.
+// protocol (numpy.frombuffer, torch.frombuffer: no copy). It owns the
+// block: free() returns it, and so does the PoolBuffer's end (the object
+// and every view of it gone). free() refuses while views are exported, as
+// a bytearray refuses to resize.
 class PyBuffer {
  public:
-  PyBuffer(std::shared_ptr<PyHost> host, uint8_t* data, size_t size, runtime::PoolOffset offset,
-           std::function<absl::Status()> free)
-      : host_(std::move(host)), data_(data), size_(size), offset_(offset), free_(std::move(free)) {}
-  uint8_t* data() const {
-    if (!data_) throw StatusError{absl::FailedPreconditionError("the buffer was freed")};
-    return data_;
+  PyBuffer(std::shared_ptr<HostState> host, runtime::PoolOffset offset, size_t size)
+      : host_(std::move(host)), data_(host_->base() + offset), size_(size), offset_(offset) {}
+  ~PyBuffer() {
+    py::gil_scoped_release nogil;
+    if (data_) (void)host_->alloc->Free(offset_);
+    host_.reset();
   }
   size_t size() const { return size_; }
   bool freed() const { return data_ == nullptr; }
   runtime::PoolOffset offset() const { return offset_; }
   void Free() {
     if (!data_) return;
+    if (exports_ > 0) {
+      throw StatusError{absl::FailedPreconditionError(absl::StrCat(
+          "the buffer at offset ", offset_, " has ", exports_, exports_ == 1 ? " view" : " views",
+          " (numpy arrays, memoryviews) still using its memory: release them before free()"))};
+    }
     data_ = nullptr;
-    Check(free_());
+    absl::Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = host_->alloc->Free(offset_);
+      host_.reset();
+    }
+    Check(s);
+  }
+
+  // The buffer protocol (the type's bf_getbuffer / bf_releasebuffer), with
+  // the GIL: a freed block exposes no bytes; exports are counted for free().
+  static int GetBuffer(PyObject* self, Py_buffer* view, int flags) {
+    PyBuffer* b = Of(self);
+    if (!b) {
+      view->obj = nullptr;
+      PyErr_SetString(PyExc_BufferError, "not a PoolBuffer");
+      return -1;
+    }
+    static uint8_t empty[1];
+    if (PyBuffer_FillInfo(view, self, b->data_ ? b->data_ : empty, b->data_ ? b->size_ : 0,
+                          /*readonly=*/0, flags) != 0) {
+      return -1;
+    }
+    ++b->exports_;
+    return 0;
+  }
+  static void ReleaseBuffer(PyObject* self, Py_buffer*) {
+    if (PyBuffer* b = Of(self)) --b->exports_;
   }
 
  private:
-  std::shared_ptr<PyHost> host_;
+  static PyBuffer* Of(PyObject* self) {
+    try {
+      return py::handle(self).cast<PyBuffer*>();
+    } catch (...) {
+      return nullptr;
+    }
+  }
+
+  std::shared_ptr<HostState> host_;
   uint8_t* data_;
   size_t size_;
   runtime::PoolOffset offset_;
-  std::function<absl::Status()> free_;
+  int exports_ = 0;  // views exported now (the GIL guards it)
 };
 
 // --- Communicators ---
 
-collectives::DataType TypeOf(const std::string& name) {
-  auto t = collectives::ParseDataType(name);
-  if (!t) throw StatusError{absl::InvalidArgumentError(absl::StrCat("unknown dtype '", name, "'"))};
-  return *t;
-}
-collectives::RedOp OpOf(const std::string& name) {
-  auto o = collectives::ParseRedOp(name);
-  if (!o) throw StatusError{absl::InvalidArgumentError(absl::StrCat("unknown op '", name, "'"))};
-  return *o;
-}
-
-// A contiguous buffer's address and size.
-struct Span {
-  void* p;
-  size_t bytes;
-};
-
-// GPU memory handed in from Python (a CUDA tensor's data_ptr() and size):
-// the buffer protocol cannot describe it (docs/gpu.md, docs/python.md).
-struct DeviceSpan {
-  uint64_t ptr;
-  size_t nbytes;
-};
-
-Span SpanOf(const py::buffer& b, bool writable);
-
-// DLPack (the array-exchange ABI of JAX, TensorFlow, CuPy, numpy...): the
-// structs of dlpack.h, whose layout the standard fixes.
-namespace dlpack {
-struct Device {
-  int32_t type;  // 1 CPU, 2 CUDA, 3 CUDA host (pinned), 13 CUDA managed
-  int32_t id;
-};
-struct DataType {
-  uint8_t code;  // 0 int, 1 uint, 2 float, 4 bfloat
-  uint8_t bits;
-  uint16_t lanes;
-};
-struct Tensor {
-  void* data;
-  Device device;
-  int32_t ndim;
-  DataType dtype;
-  int64_t* shape;
-  int64_t* strides;  // in elements; null: C-contiguous
-  uint64_t byte_offset;
-};
-struct ManagedTensor {
-  Tensor dl_tensor;
-  void* manager_ctx;
-  void (*deleter)(ManagedTensor*);
-};
-}  // namespace dlpack
-
-// (memoryview or DeviceSpan, cxlrt dtype, elements) of an unconsumed
-// "dltensor" capsule. It is only read: the capsule keeps ownership, and
-// the producer's array (which the caller holds) keeps the memory.
-py::tuple DlpackView(const py::capsule& cap) {
-  if (std::string(cap.name() ? cap.name() : "") != "dltensor") {
-    throw StatusError{
-        absl::InvalidArgumentError("expected an unconsumed DLPack capsule (named 'dltensor')")};
-  }
-  const dlpack::Tensor& t = cap.get_pointer<dlpack::ManagedTensor>()->dl_tensor;
-  const dlpack::DataType d = t.dtype;
-  static const std::map<std::pair<int, int>, const char*> kTypes = {
-      {{0, 8}, "int8"},     {{0, 32}, "int32"},   {{0, 64}, "int64"},   {{1, 8}, "uint8"},
-      {{1, 32}, "uint32"},  {{1, 64}, "uint64"},  {{2, 16}, "float16"}, {{2, 32}, "float32"},
-      {{2, 64}, "float64"}, {{4, 16}, "bfloat16"}};
-  auto type = kTypes.find({d.code, d.bits});
-  if (type == kTypes.end() || d.lanes != 1) {
-    throw StatusError{absl::InvalidArgumentError(
-        absl::StrCat("cxlrt has no element type for DLPack type code ", d.code, ", ", d.bits,
-                     " bits, ", d.lanes, " lanes"))};
-  }
-  int64_t count = 1, expect = 1;
-  for (int i = t.ndim - 1; i >= 0; --i) {
-    if (t.strides && t.shape[i] > 1 && t.strides[i] != expect) {
-      throw StatusError{absl::InvalidArgumentError("the DLPack array is not C-contiguous")};
-    }
-    expect *= t.shape[i];
-    count *= t.shape[i];
-  }
-  const size_t nbytes = static_cast<size_t>(count) * (d.bits / 8);
-  auto* p = static_cast<uint8_t*>(t.data) + t.byte_offset;
-  py::object view;
-  switch (t.device.type) {
-    case 1:  // CPU
-    case 3:  // CUDA host memory
-      view = py::reinterpret_steal<py::object>(
-          PyMemoryView_FromMemory(reinterpret_cast<char*>(p), nbytes, PyBUF_WRITE));
-      break;
-    case 2:   // CUDA
-    case 13:  // CUDA managed
-      view = py::cast(DeviceSpan{reinterpret_cast<uint64_t>(p), nbytes});
-      break;
-    default:
-      throw StatusError{absl::InvalidArgumentError(absl::StrCat(
-          "a DLPack array on device type ", t.device.type, ": cxlrt moves CPU and CUDA memory"))};
-  }
-  return py::make_tuple(view, type->second, count);
-}
-
-// A buffer-protocol object or a DeviceSpan.
-Span AnySpanOf(const py::handle& o, bool writable) {
-  if (py::isinstance<DeviceSpan>(o)) {
-    const auto& d = o.cast<const DeviceSpan&>();
-    // An address that is not GPU memory would be read as host memory: a
-    // crash, or wrong bytes. Refuse it, saying why.
-    if (d.nbytes > 0 &&
-        collectives::KindOf(reinterpret_cast<void*>(d.ptr)) != collectives::MemoryKind::kDevice) {
-      const std::string why = collectives::DevicesAvailable()
-                                  ? "it is not GPU memory"
-                                  : "no GPU: " + collectives::DevicesUnavailableReason();
-      throw StatusError{absl::InvalidArgumentError(
-          absl::StrCat("DeviceSpan at 0x", absl::Hex(d.ptr), ": ", why))};
-    }
-    return {reinterpret_cast<void*>(d.ptr), d.nbytes};
-  }
-  if (!PyObject_CheckBuffer(o.ptr())) {
-    throw StatusError{absl::InvalidArgumentError(
-        absl::StrCat("expected a buffer (numpy array, bytearray, CPU tensor) or a DeviceSpan, "
-                     "got ",
-                     std::string(py::str(o.get_type().attr("__name__")))))};
-  }
-  return SpanOf(py::reinterpret_borrow<py::buffer>(o), writable);
-}
-
-Span SpanOf(const py::buffer& b, bool writable) {
-  py::buffer_info info = b.request(writable);
-  ssize_t expect = info.itemsize;
-  for (ssize_t d = info.ndim - 1; d >= 0; --d) {
-    if (info.shape[d] > 1 && info.strides[d] != expect) {
-      throw StatusError{absl::InvalidArgumentError("the buffer is not contiguous")};
-    }
-    expect *= info.shape[d];
-  }
-  return {info.ptr, static_cast<size_t>(info.size * info.itemsize)};
-}
-
+// A communicator and the host state it uses. Calls are serialised (the C++
+// Communicator is used by one thread at a time); destroy() waits for the
+// call in flight and those queued, and later calls raise.
 class PyComm {
  public:
-  PyComm(std::shared_ptr<PyHost> host, const std::string& name, int nranks, int rank,
-         double timeout_s, uint64_t slot_bytes, uint32_t depth)
-      : host_(std::move(host)) {
+  PyComm(PyHost& host, const std::string& name, int nranks, int rank, double timeout_s,
+         uint64_t slot_bytes, uint32_t depth)
+      : host_(host.State()) {
     collectives::CommOptions o;
     if (timeout_s > 0) o.timeout = absl::Seconds(timeout_s);
     o.slot_bytes = slot_bytes;
     o.depth = depth;
-    allocator::Allocator& alloc = host_->alloc();
-    py::gil_scoped_release nogil;
-    comm_ = Value(collectives::Communicator::Create(alloc, name, nranks, rank, o));
+    absl::StatusOr<std::unique_ptr<collectives::Communicator>> c;
+    {
+      py::gil_scoped_release nogil;
+      c = collectives::Communicator::Create(*host_->alloc, name, nranks, rank, o);
+    }
+    comm_ = Value(std::move(c));
+    rank_ = comm_->rank();
+    size_ = comm_->size();
   }
-  collectives::Communicator& c() {
-    if (!comm_) throw StatusError{absl::FailedPreconditionError("the communicator was destroyed")};
-    return *comm_;
+  ~PyComm() {
+    try {
+      Destroy();
+    } catch (...) {  // a failed barrier on the way out: nothing to tell
+    }
   }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::shared_ptr<HostState>& host() const { return host_; }
+  Gate::Pass Enter() { return gate_.Enter("the communicator was destroyed"); }
+
   void Destroy() {
-    if (!comm_) return;
+    if (!gate_.Close()) return;
     absl::Status s;
     {
       py::gil_scoped_release nogil;
       s = comm_->Destroy();
       comm_.reset();
+      host_.reset();
     }
     Check(s);
   }
-  void Abort(const std::string& why) { c().Abort(why); }
-  std::shared_ptr<PyHost> host() const { return host_; }
+  void Abort(const std::string& why) {
+    Gate::Pass pass = Enter();
+    comm_->Abort(why);
+  }
 
-  // Runs `fn` on the communicator without the GIL.
+  // Runs `fn` on the communicator without the GIL, after the calls before.
   template <typename Fn>
   void Run(Fn&& fn) {
-    collectives::Communicator& comm = c();
+    Gate::Pass pass = Enter();
     absl::Status s;
     {
       py::gil_scoped_release nogil;
-      s = fn(comm);
+      std::lock_guard<std::mutex> l(run_mu_);
+      s = fn(*comm_);
     }
     Check(s);
   }
 
+  // A collective or point-to-point call: x and out held for its length,
+  // checked (CheckBuffer) before anything is copied, then fn(comm, x, out,
+  // type) run. `out` may be null (send, recv); root < 0: none.
+  template <typename Fn>
+  void Collective(Call call, py::handle x, const std::string& x_dtype, py::handle out,
+                  const std::string& out_dtype, size_t count, const std::string& dtype, int root,
+                  Fn&& fn) {
+    const char* name = NameOf(call);
+    const collectives::DataType type = TypeOf(dtype);
+    std::optional<Held> hx, hout;
+    hx.emplace(x, call == Call::kRecv, name, "x");
+    if (out) hout.emplace(out, true, name, "out");
+    if (HasRoot(call) && (root < 0 || root >= size_)) {
+      throw StatusError{absl::InvalidArgumentError(
+          absl::StrCat(name, ": root ", root, " is not a rank of ", size_))};
+    }
+    const Uses uses = UsesOf(call, size_, HasRoot(call) && root == rank_);
+    CheckBuffer(name, "x", *hx, call == Call::kRecv, uses.x, count, dtype, x_dtype);
+    if (hout) CheckBuffer(name, "out", *hout, true, uses.out, count, dtype, out_dtype);
+    void* xp = hx->data();
+    void* op = hout ? hout->data() : nullptr;
+    Run([&](collectives::Communicator& comm) { return fn(comm, xp, op, type); });
+  }
+
  private:
-  std::shared_ptr<PyHost> host_;
+  std::shared_ptr<HostState> host_;  // declared first: destroyed after comm_
   std::unique_ptr<collectives::Communicator> comm_;
+  int rank_ = 0, size_ = 0;
+  Gate gate_;
+  std::mutex run_mu_;
 };
 
 // --- KV store ---
 
+// The store and the host state it uses. Any number of threads may call
+// it; close() waits for the calls in flight, and later calls raise.
 class PyStore {
  public:
-  PyStore(std::shared_ptr<PyHost> host, bool create, uint32_t entries_per_host,
-          uint32_t pins_per_host, uint32_t max_namespaces)
-      : host_(std::move(host)) {
+  PyStore(PyHost& host, bool create, uint32_t entries_per_host, uint32_t pins_per_host,
+          uint32_t max_namespaces)
+      : host_(host.State()) {
     kv::StoreOptions o;
     o.create = create;
     if (entries_per_host) o.entries_per_host = entries_per_host;
     if (pins_per_host) o.pins_per_host = pins_per_host;
     if (max_namespaces) o.max_namespaces = max_namespaces;
-    allocator::Allocator& alloc = host_->alloc();
-    py::gil_scoped_release nogil;
-    store_ = Value(kv::Store::Open(alloc, o));
+    absl::StatusOr<std::unique_ptr<kv::Store>> s;
+    {
+      py::gil_scoped_release nogil;
+      s = kv::Store::Open(*host_->alloc, o);
+    }
+    store_ = Value(std::move(s));
   }
-  kv::Store& s() {
-    if (!store_) throw StatusError{absl::FailedPreconditionError("the store is closed")};
-    return *store_;
-  }
+  ~PyStore() { Close(); }
+  Gate::Pass Enter() { return gate_.Enter("the store is closed"); }
+  std::optional<Gate::Pass> TryEnter() { return gate_.TryEnter(); }
+  kv::Store& s() { return *store_; }  // REQUIRES: a Pass
   void Close() {
+    if (!gate_.Close()) return;
     py::gil_scoped_release nogil;
     store_.reset();
+    host_.reset();
   }
 
  private:
-  std::shared_ptr<PyHost> host_;
+  std::shared_ptr<HostState> host_;  // declared first: destroyed after store_
   std::unique_ptr<kv::Store> store_;
+  Gate gate_;
 };
 
-// Pins from Store.lookup, released by release() or on garbage collection.
+// Pins from Store.lookup, released by release() or on garbage collection;
+// closing the store released them already.
 struct PyPins {
   std::shared_ptr<PyStore> store;
   kv::PinSet pins;
   size_t length = 0;
-  void Release() {
-    if (store && !pins.empty()) store->s().Release(pins);
-  }
-  ~PyPins() {
-    try {
-      Release();
-    } catch (...) {
+  void Release() {  // REQUIRES: the GIL
+    if (!store || pins.empty()) return;
+    std::optional<Gate::Pass> pass = store->TryEnter();
+    if (!pass) {
+      pins = kv::PinSet();
+      return;
     }
+    py::gil_scoped_release nogil;
+    store->s().Release(pins);
   }
+  ~PyPins() { Release(); }
 };
 
+// `o` as a list or tuple (PySequence_Fast), or TypeError naming `what`.
+py::sequence Sequence(const py::object& o, const char* what) {
+  PyObject* seq = PySequence_Fast(o.ptr(), what);
+  if (!seq) throw py::error_already_set();
+  return py::reinterpret_steal<py::sequence>(seq);
+}
+
 // The buffers and keys of a batch call, borrowed from the caller's
-// sequences for the length of the call (no copies): keys are bytes or str,
-// values anything with the buffer protocol, contiguous.
+// sequences for the length of the call (no copies, each buffer held as
+// Held says): keys are bytes or str, values buffers (contiguous) or
+// DeviceSpans.
 class BatchArgs {
  public:
-  BatchArgs(const py::sequence& keys, const py::sequence& bufs, bool writable) {
+  BatchArgs(const char* call, const py::sequence& keys, const py::sequence& bufs, bool writable) {
     const size_t n = keys.size();
     if (bufs.size() != n) {
-      throw StatusError{
-          absl::InvalidArgumentError(absl::StrCat(n, " keys but ", bufs.size(), " buffers"))};
+      throw StatusError{absl::InvalidArgumentError(
+          absl::StrCat(call, ": ", n, " keys but ", bufs.size(), " buffers"))};
     }
     keys_ = keys;
     bufs_ = bufs;
-    views_.reserve(n);
     keyviews_.reserve(n);
     for (size_t i = 0; i < n; ++i) {
       PyObject* k = PySequence_Fast_GET_ITEM(keys_.ptr(), i);
@@ -428,31 +489,21 @@ class BatchArgs {
         if (!data) throw py::error_already_set();
       } else {
         throw StatusError{
-            absl::InvalidArgumentError(absl::StrCat("key ", i, " is not bytes or str"))};
+            absl::InvalidArgumentError(absl::StrCat(call, ": key ", i, " is not bytes or str"))};
       }
       keyviews_.emplace_back(data, static_cast<size_t>(len));
-      Py_buffer view;
-      PyObject* b = PySequence_Fast_GET_ITEM(bufs_.ptr(), i);
-      if (PyObject_GetBuffer(
-              b, &view, writable ? PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS : PyBUF_C_CONTIGUOUS) != 0) {
-        PyErr_Clear();
-        throw StatusError{absl::InvalidArgumentError(absl::StrCat(
-            "buffer ", i, " is not a contiguous", writable ? ", writable" : "", " buffer"))};
-      }
-      views_.push_back(view);
+      held_.emplace_back(PySequence_Fast_GET_ITEM(bufs_.ptr(), i), writable, call,
+                         absl::StrCat("buffer ", i));
     }
   }
-  ~BatchArgs() {
-    for (Py_buffer& v : views_) PyBuffer_Release(&v);
-  }
-  size_t size() const { return views_.size(); }
+  size_t size() const { return held_.size(); }
   absl::string_view key(size_t i) const { return keyviews_[i]; }
-  void* data(size_t i) const { return views_[i].buf; }
-  size_t bytes(size_t i) const { return static_cast<size_t>(views_[i].len); }
+  void* data(size_t i) const { return held_[i].data(); }
+  size_t bytes(size_t i) const { return held_[i].bytes(); }
 
  private:
   py::object keys_, bufs_;  // PySequence_Fast: lists or tuples, kept alive
-  std::vector<Py_buffer> views_;
+  std::deque<Held> held_;   // a deque: Held neither moves nor copies
   std::vector<absl::string_view> keyviews_;
 };
 
@@ -610,21 +661,21 @@ PYBIND11_MODULE(_cxlrt, m) {
                                               "This process attached to a pool as a host.")
       .def(py::init<std::shared_ptr<PyPool>, std::optional<uint32_t>, std::optional<int>>(),
            py::arg("pool"), py::arg("slot") = py::none(), py::arg("host_id") = py::none())
-      .def("close", &PyHost::Close, "Detaches (the allocator first).")
+      .def("close", &PyHost::Close,
+           "Closes the host: it detaches once nothing made from it (stores, communicators, "
+           "pool buffers and their views) is left.")
       .def_property_readonly("closed", &PyHost::closed)
-      .def_property_readonly("slot", &PyHost::slot)
+      .def_property_readonly("slot", [](const PyHost& h) { return h.State()->membership->slot(); })
       .def(
           "allocate",
-          [](std::shared_ptr<PyHost> h, size_t bytes, size_t alignment) {
-            allocator::Allocator& a = h->alloc();
-            runtime::PoolOffset off;
+          [](const PyHost& h, size_t bytes, size_t alignment) {
+            std::shared_ptr<HostState> st = h.State();
+            absl::StatusOr<runtime::PoolOffset> off;
             {
               py::gil_scoped_release nogil;
-              off = Value(a.Allocate(std::max<size_t>(bytes, 1), {.alignment = alignment}));
+              off = st->alloc->Allocate(std::max<size_t>(bytes, 1), {.alignment = alignment});
             }
-            uint8_t* p = h->pool().backend().base() + off;
-            return std::make_shared<PyBuffer>(h, p, bytes, off,
-                                              [h, off] { return h->alloc().Free(off); });
+            return std::make_shared<PyBuffer>(std::move(st), Value(off), bytes);
           },
           py::arg("nbytes"), py::arg("alignment") = 64, "A block of the pool (PoolBuffer).");
 
@@ -633,147 +684,189 @@ PYBIND11_MODULE(_cxlrt, m) {
                          "(e.g. a CUDA tensor's data_ptr() and nbytes). The caller keeps the "
                          "memory alive for the call.")
       .def(py::init([](uint64_t ptr, size_t nbytes) {
-             return DeviceSpan{ptr, nbytes};
+             return DeviceSpan{ptr, nbytes, py::none(), false};
            }),
            py::arg("ptr"), py::arg("nbytes"))
       .def_readonly("ptr", &DeviceSpan::ptr)
       .def_readonly("nbytes", &DeviceSpan::nbytes)
+      .def_readonly("readonly", &DeviceSpan::readonly)
       .def("__repr__", [](const DeviceSpan& d) {
         return absl::StrCat("DeviceSpan(ptr=0x", absl::Hex(d.ptr), ", nbytes=", d.nbytes, ")");
       });
-  m.def("dlpack_view", &DlpackView, py::arg("capsule"),
-        "(memoryview or DeviceSpan, dtype, elements) of a DLPack capsule, which stays "
-        "unconsumed; the array must outlive the view.");
+  py::class_<DlpackMemory>(m, "DlpackMemory", py::buffer_protocol(),
+                           "Host memory of a DLPack array (buffer protocol); holds the capsule.")
+      .def_buffer([](DlpackMemory& d) {
+        return py::buffer_info(d.data, 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<ssize_t>(d.nbytes)}, {1}, d.readonly);
+      })
+      .def_readonly("readonly", &DlpackMemory::readonly);
+  m.def("dlpack_view", &DlpackView, py::arg("capsule"), py::arg("writable") = false,
+        "(DlpackMemory or DeviceSpan, dtype, elements) of a DLPack capsule, which the view "
+        "holds unconsumed; `writable` refuses a read-only array (InvalidArgumentError).");
   m.def("devices_available", &collectives::DevicesAvailable,
         "Whether this process can use a GPU (a CUDA build, a driver, a device).");
   m.def("devices_unavailable_reason", &collectives::DevicesUnavailableReason,
         "Why no GPU can be used (empty when one can).");
 
-  py::class_<PyBuffer, std::shared_ptr<PyBuffer>>(m, "PoolBuffer", py::buffer_protocol(),
-                                                  "Pool memory, readable and writable in place.")
-      .def_buffer([](PyBuffer& b) {
-        // No exception may leave a buffer callback: a freed block exposes no
-        // bytes (and nothing to write into).
-        return py::buffer_info(b.freed() ? nullptr : b.data(), 1,
-                               py::format_descriptor<uint8_t>::format(), 1,
-                               {static_cast<ssize_t>(b.freed() ? 0 : b.size())}, {1});
-      })
-      .def_property_readonly("freed", &PyBuffer::freed)
-      .def_property_readonly("nbytes", &PyBuffer::size)
-      .def_property_readonly("offset", &PyBuffer::offset, "Offset in the pool.")
-      .def("free", &PyBuffer::Free, "Returns the block (later use raises).");
+  auto pool_buffer =
+      py::class_<PyBuffer, std::shared_ptr<PyBuffer>>(
+          m, "PoolBuffer", py::buffer_protocol(), "Pool memory, readable and writable in place.")
+          .def_property_readonly("freed", &PyBuffer::freed)
+          .def_property_readonly("nbytes", &PyBuffer::size)
+          .def_property_readonly("offset", &PyBuffer::offset, "Offset in the pool.")
+          .def("free", &PyBuffer::Free,
+               "Returns the block (FailedPreconditionError while views of it are exported).");
+  // The buffer protocol by hand, not def_buffer: free() must know whether
+  // views are exported, which only bf_releasebuffer can tell.
+  PyTypeObject* pool_buffer_type = reinterpret_cast<PyTypeObject*>(pool_buffer.ptr());
+  pool_buffer_type->tp_as_buffer->bf_getbuffer = &PyBuffer::GetBuffer;
+  pool_buffer_type->tp_as_buffer->bf_releasebuffer = &PyBuffer::ReleaseBuffer;
 
+  const auto stream_of = [](uint64_t s) { return reinterpret_cast<void*>(s); };
   py::class_<PyComm, std::shared_ptr<PyComm>>(m, "Communicator")
-      .def(py::init<std::shared_ptr<PyHost>, std::string, int, int, double, uint64_t, uint32_t>(),
-           py::arg("host"), py::arg("name"), py::arg("nranks") = -1, py::arg("rank") = -1,
-           py::arg("timeout") = 0.0, py::arg("slot_bytes") = 0, py::arg("depth") = 0)
-      .def_property_readonly("rank", [](PyComm& c) { return c.c().rank(); })
-      .def_property_readonly("size", [](PyComm& c) { return c.c().size(); })
+      .def(py::init<PyHost&, std::string, int, int, double, uint64_t, uint32_t>(), py::arg("host"),
+           py::arg("name"), py::arg("nranks") = -1, py::arg("rank") = -1, py::arg("timeout") = 0.0,
+           py::arg("slot_bytes") = 0, py::arg("depth") = 0)
+      .def_property_readonly("rank", &PyComm::rank)
+      .def_property_readonly("size", &PyComm::size)
       .def("destroy", &PyComm::Destroy)
       .def("abort", &PyComm::Abort, py::arg("why") = "aborted by the application")
       .def(
           "allocate",
-          [](std::shared_ptr<PyComm> c, size_t bytes) {
-            void* p = Value(c->c().Allocate(bytes));
-            const runtime::PoolOffset off =
-                static_cast<uint8_t*>(p) - c->host()->pool().backend().base();
-            return std::make_shared<PyBuffer>(c->host(), static_cast<uint8_t*>(p), bytes, off,
-                                              [c, p] { return c->c().Free(p); });
+          [](PyComm& c, size_t bytes) {
+            // A block of the host's allocator, as Communicator::Allocate
+            // makes (collectives read any pool buffer in place), owned by
+            // the PoolBuffer: destroy() cannot free it under a view.
+            Gate::Pass pass = c.Enter();
+            std::shared_ptr<HostState> st = c.host();
+            absl::StatusOr<runtime::PoolOffset> off;
+            {
+              py::gil_scoped_release nogil;
+              off = st->alloc->Allocate(std::max<size_t>(bytes, 1), {.alignment = 4096});
+            }
+            return std::make_shared<PyBuffer>(std::move(st), Value(off), bytes);
           },
           py::arg("nbytes"))
-      .def("all_reduce",
-           [](PyComm& c, py::object send, py::object recv, size_t count, const std::string& dtype,
-              const std::string& op, uint64_t stream) {
-             const Span s = AnySpanOf(send, false), r = AnySpanOf(recv, true);
-             const auto t = TypeOf(dtype);
-             const auto o = OpOf(op);
-             c.Run([&](auto& comm) {
-               return comm.AllReduce(s.p, r.p, count, t, o, reinterpret_cast<void*>(stream));
-             });
-           })
-      .def("reduce_scatter",
-           [](PyComm& c, py::object send, py::object recv, size_t count, const std::string& dtype,
-              const std::string& op, uint64_t stream) {
-             const Span s = AnySpanOf(send, false), r = AnySpanOf(recv, true);
-             const auto t = TypeOf(dtype);
-             const auto o = OpOf(op);
-             c.Run([&](auto& comm) {
-               return comm.ReduceScatter(s.p, r.p, count, t, o, reinterpret_cast<void*>(stream));
-             });
-           })
-      .def("all_gather",
-           [](PyComm& c, py::object send, py::object recv, size_t count, const std::string& dtype,
-              uint64_t stream) {
-             const Span s = AnySpanOf(send, false), r = AnySpanOf(recv, true);
-             const auto t = TypeOf(dtype);
-             c.Run([&](auto& comm) {
-               return comm.AllGather(s.p, r.p, count, t, reinterpret_cast<void*>(stream));
-             });
-           })
-      .def("broadcast",
-           [](PyComm& c, py::object send, py::object recv, size_t count, const std::string& dtype,
-              int root, uint64_t stream) {
-             const Span s = AnySpanOf(send, false), r = AnySpanOf(recv, true);
-             const auto t = TypeOf(dtype);
-             c.Run([&](auto& comm) {
-               return comm.Broadcast(s.p, r.p, count, t, root, reinterpret_cast<void*>(stream));
-             });
-           })
-      .def("reduce",
-           [](PyComm& c, py::object send, py::object recv, size_t count, const std::string& dtype,
-              const std::string& op, int root, uint64_t stream) {
-             const Span s = AnySpanOf(send, false), r = AnySpanOf(recv, true);
-             const auto t = TypeOf(dtype);
-             const auto o = OpOf(op);
-             c.Run([&](auto& comm) {
-               return comm.Reduce(s.p, r.p, count, t, o, root, reinterpret_cast<void*>(stream));
-             });
-           })
-      .def("gather",
-           [](PyComm& c, py::object send, py::object recv, size_t count, const std::string& dtype,
-              int root, uint64_t stream) {
-             const Span s = AnySpanOf(send, false), r = AnySpanOf(recv, true);
-             const auto t = TypeOf(dtype);
-             c.Run([&](auto& comm) {
-               return comm.Gather(s.p, r.p, count, t, root, reinterpret_cast<void*>(stream));
-             });
-           })
-      .def("scatter",
-           [](PyComm& c, py::object send, py::object recv, size_t count, const std::string& dtype,
-              int root, uint64_t stream) {
-             const Span s = AnySpanOf(send, false), r = AnySpanOf(recv, true);
-             const auto t = TypeOf(dtype);
-             c.Run([&](auto& comm) {
-               return comm.Scatter(s.p, r.p, count, t, root, reinterpret_cast<void*>(stream));
-             });
-           })
-      .def("all_to_all",
-           [](PyComm& c, py::object send, py::object recv, size_t count, const std::string& dtype,
-              uint64_t stream) {
-             const Span s = AnySpanOf(send, false), r = AnySpanOf(recv, true);
-             const auto t = TypeOf(dtype);
-             c.Run([&](auto& comm) {
-               return comm.AllToAll(s.p, r.p, count, t, reinterpret_cast<void*>(stream));
-             });
-           })
+      // Buffers: x (send) and out (recv); x_dtype and out_dtype are their
+      // own element types (empty: untyped), which must be the call's.
+      .def(
+          "all_reduce",
+          [=](PyComm& c, py::object x, py::object out, size_t count, const std::string& dtype,
+              const std::string& op, uint64_t stream, const std::string& x_dtype,
+              const std::string& out_dtype) {
+            const auto o = OpOf(op);
+            c.Collective(Call::kAllReduce, x, x_dtype, out, out_dtype, count, dtype, -1,
+                         [&](collectives::Communicator& comm, void* s, void* r, auto t) {
+                           return comm.AllReduce(s, r, count, t, o, stream_of(stream));
+                         });
+          },
+          py::arg("x"), py::arg("out"), py::arg("count"), py::arg("dtype"), py::arg("op"),
+          py::arg("stream") = 0, py::arg("x_dtype") = "", py::arg("out_dtype") = "")
+      .def(
+          "reduce_scatter",
+          [=](PyComm& c, py::object x, py::object out, size_t count, const std::string& dtype,
+              const std::string& op, uint64_t stream, const std::string& x_dtype,
+              const std::string& out_dtype) {
+            const auto o = OpOf(op);
+            c.Collective(Call::kReduceScatter, x, x_dtype, out, out_dtype, count, dtype, -1,
+                         [&](collectives::Communicator& comm, void* s, void* r, auto t) {
+                           return comm.ReduceScatter(s, r, count, t, o, stream_of(stream));
+                         });
+          },
+          py::arg("x"), py::arg("out"), py::arg("count"), py::arg("dtype"), py::arg("op"),
+          py::arg("stream") = 0, py::arg("x_dtype") = "", py::arg("out_dtype") = "")
+      .def(
+          "all_gather",
+          [=](PyComm& c, py::object x, py::object out, size_t count, const std::string& dtype,
+              uint64_t stream, const std::string& x_dtype, const std::string& out_dtype) {
+            c.Collective(Call::kAllGather, x, x_dtype, out, out_dtype, count, dtype, -1,
+                         [&](collectives::Communicator& comm, void* s, void* r, auto t) {
+                           return comm.AllGather(s, r, count, t, stream_of(stream));
+                         });
+          },
+          py::arg("x"), py::arg("out"), py::arg("count"), py::arg("dtype"), py::arg("stream") = 0,
+          py::arg("x_dtype") = "", py::arg("out_dtype") = "")
+      .def(
+          "broadcast",
+          [=](PyComm& c, py::object x, py::object out, size_t count, const std::string& dtype,
+              int root, uint64_t stream, const std::string& x_dtype, const std::string& out_dtype) {
+            c.Collective(Call::kBroadcast, x, x_dtype, out, out_dtype, count, dtype, root,
+                         [&](collectives::Communicator& comm, void* s, void* r, auto t) {
+                           return comm.Broadcast(s, r, count, t, root, stream_of(stream));
+                         });
+          },
+          py::arg("x"), py::arg("out"), py::arg("count"), py::arg("dtype"), py::arg("root"),
+          py::arg("stream") = 0, py::arg("x_dtype") = "", py::arg("out_dtype") = "")
+      .def(
+          "reduce",
+          [=](PyComm& c, py::object x, py::object out, size_t count, const std::string& dtype,
+              const std::string& op, int root, uint64_t stream, const std::string& x_dtype,
+              const std::string& out_dtype) {
+            const auto o = OpOf(op);
+            c.Collective(Call::kReduce, x, x_dtype, out, out_dtype, count, dtype, root,
+                         [&](collectives::Communicator& comm, void* s, void* r, auto t) {
+                           return comm.Reduce(s, r, count, t, o, root, stream_of(stream));
+                         });
+          },
+          py::arg("x"), py::arg("out"), py::arg("count"), py::arg("dtype"), py::arg("op"),
+          py::arg("root"), py::arg("stream") = 0, py::arg("x_dtype") = "",
+          py::arg("out_dtype") = "")
+      .def(
+          "gather",
+          [=](PyComm& c, py::object x, py::object out, size_t count, const std::string& dtype,
+              int root, uint64_t stream, const std::string& x_dtype, const std::string& out_dtype) {
+            c.Collective(Call::kGather, x, x_dtype, out, out_dtype, count, dtype, root,
+                         [&](collectives::Communicator& comm, void* s, void* r, auto t) {
+                           return comm.Gather(s, r, count, t, root, stream_of(stream));
+                         });
+          },
+          py::arg("x"), py::arg("out"), py::arg("count"), py::arg("dtype"), py::arg("root"),
+          py::arg("stream") = 0, py::arg("x_dtype") = "", py::arg("out_dtype") = "")
+      .def(
+          "scatter",
+          [=](PyComm& c, py::object x, py::object out, size_t count, const std::string& dtype,
+              int root, uint64_t stream, const std::string& x_dtype, const std::string& out_dtype) {
+            c.Collective(Call::kScatter, x, x_dtype, out, out_dtype, count, dtype, root,
+                         [&](collectives::Communicator& comm, void* s, void* r, auto t) {
+                           return comm.Scatter(s, r, count, t, root, stream_of(stream));
+                         });
+          },
+          py::arg("x"), py::arg("out"), py::arg("count"), py::arg("dtype"), py::arg("root"),
+          py::arg("stream") = 0, py::arg("x_dtype") = "", py::arg("out_dtype") = "")
+      .def(
+          "all_to_all",
+          [=](PyComm& c, py::object x, py::object out, size_t count, const std::string& dtype,
+              uint64_t stream, const std::string& x_dtype, const std::string& out_dtype) {
+            c.Collective(Call::kAllToAll, x, x_dtype, out, out_dtype, count, dtype, -1,
+                         [&](collectives::Communicator& comm, void* s, void* r, auto t) {
+                           return comm.AllToAll(s, r, count, t, stream_of(stream));
+                         });
+          },
+          py::arg("x"), py::arg("out"), py::arg("count"), py::arg("dtype"), py::arg("stream") = 0,
+          py::arg("x_dtype") = "", py::arg("out_dtype") = "")
       .def("barrier", [](PyComm& c) { c.Run([](auto& comm) { return comm.Barrier(); }); })
-      .def("send",
-           [](PyComm& c, py::object buf, size_t count, const std::string& dtype, int peer,
-              uint64_t stream) {
-             const Span s = AnySpanOf(buf, false);
-             const auto t = TypeOf(dtype);
-             c.Run([&](auto& comm) {
-               return comm.Send(s.p, count, t, peer, reinterpret_cast<void*>(stream));
-             });
-           })
-      .def("recv", [](PyComm& c, py::object buf, size_t count, const std::string& dtype, int peer,
-                      uint64_t stream) {
-        const Span r = AnySpanOf(buf, true);
-        const auto t = TypeOf(dtype);
-        c.Run([&](auto& comm) {
-          return comm.Recv(r.p, count, t, peer, reinterpret_cast<void*>(stream));
-        });
-      });
+      .def(
+          "send",
+          [=](PyComm& c, py::object x, size_t count, const std::string& dtype, int peer,
+              uint64_t stream, const std::string& x_dtype) {
+            c.Collective(Call::kSend, x, x_dtype, py::handle(), "", count, dtype, -1,
+                         [&](collectives::Communicator& comm, void* s, void*, auto t) {
+                           return comm.Send(s, count, t, peer, stream_of(stream));
+                         });
+          },
+          py::arg("x"), py::arg("count"), py::arg("dtype"), py::arg("peer"), py::arg("stream") = 0,
+          py::arg("x_dtype") = "")
+      .def(
+          "recv",
+          [=](PyComm& c, py::object x, size_t count, const std::string& dtype, int peer,
+              uint64_t stream, const std::string& x_dtype) {
+            c.Collective(Call::kRecv, x, x_dtype, py::handle(), "", count, dtype, -1,
+                         [&](collectives::Communicator& comm, void* r, void*, auto t) {
+                           return comm.Recv(r, count, t, peer, stream_of(stream));
+                         });
+          },
+          py::arg("x"), py::arg("count"), py::arg("dtype"), py::arg("peer"), py::arg("stream") = 0,
+          py::arg("x_dtype") = "");
 
   m.def(
       "dtype_size", [](const std::string& dtype) { return collectives::SizeOf(TypeOf(dtype)); },
@@ -782,13 +875,10 @@ PYBIND11_MODULE(_cxlrt, m) {
   py::class_<PyPins, std::shared_ptr<PyPins>>(m, "Pins", "Pins taken by Store.lookup.")
       .def_readonly("length", &PyPins::length)
       .def("__len__", [](const PyPins& p) { return p.pins.size(); })
-      .def("release", [](PyPins& p) {
-        py::gil_scoped_release nogil;
-        p.Release();
-      });
+      .def("release", &PyPins::Release);
 
   py::class_<PyStore, std::shared_ptr<PyStore>>(m, "Store", "The KV-cache block store.")
-      .def(py::init<std::shared_ptr<PyHost>, bool, uint32_t, uint32_t, uint32_t>(), py::arg("host"),
+      .def(py::init<PyHost&, bool, uint32_t, uint32_t, uint32_t>(), py::arg("host"),
            py::arg("create") = false, py::arg("entries_per_host") = 0, py::arg("pins_per_host") = 0,
            py::arg("max_namespaces") = 0)
       .def("close", &PyStore::Close)
@@ -796,12 +886,13 @@ PYBIND11_MODULE(_cxlrt, m) {
           "put",
           [](PyStore& st, const std::string& ns, py::bytes key, py::object value) {
             const std::string k = key;
-            const Span v = AnySpanOf(value, false);
+            const Held v(value, false, "put", "value");
+            Gate::Pass pass = st.Enter();
             kv::Store& s = st.s();
             absl::Status r;
             {
               py::gil_scoped_release nogil;
-              r = s.Put(ns, k, v.p, v.bytes);
+              r = s.Put(ns, k, v.data(), v.bytes());
             }
             Check(r);
           },
@@ -810,12 +901,13 @@ PYBIND11_MODULE(_cxlrt, m) {
           "get_into",
           [](PyStore& st, const std::string& ns, py::bytes key, py::object out) {
             const std::string k = key;
-            const Span o = AnySpanOf(out, true);
+            const Held o(out, true, "get_into", "out");
+            Gate::Pass pass = st.Enter();
             kv::Store& s = st.s();
             absl::StatusOr<size_t> r;
             {
               py::gil_scoped_release nogil;
-              r = s.Get(ns, k, o.p, o.bytes);
+              r = s.Get(ns, k, o.data(), o.bytes());
             }
             return Value(r);
           },
@@ -824,6 +916,7 @@ PYBIND11_MODULE(_cxlrt, m) {
           "value_size",
           [](PyStore& st, const std::string& ns, py::bytes key) {
             const std::string k = key;
+            Gate::Pass pass = st.Enter();
             kv::Store& s = st.s();
             py::gil_scoped_release nogil;
             return Value(s.ValueSize(ns, k));
@@ -833,6 +926,7 @@ PYBIND11_MODULE(_cxlrt, m) {
           "contains",
           [](PyStore& st, const std::string& ns, py::bytes key) {
             const std::string k = key;
+            Gate::Pass pass = st.Enter();
             kv::Store& s = st.s();
             py::gil_scoped_release nogil;
             return Value(s.Contains(ns, k));
@@ -841,10 +935,8 @@ PYBIND11_MODULE(_cxlrt, m) {
       .def(
           "batch_put",
           [](PyStore& st, const std::string& ns, py::object keys, py::object values) {
-            BatchArgs a(
-                py::reinterpret_steal<py::sequence>(PySequence_Fast(keys.ptr(), "keys")),
-                py::reinterpret_steal<py::sequence>(PySequence_Fast(values.ptr(), "values")),
-                false);
+            BatchArgs a("batch_put", Sequence(keys, "keys"), Sequence(values, "values"), false);
+            Gate::Pass pass = st.Enter();
             std::vector<kv::PutItem> items(a.size());
             for (size_t i = 0; i < a.size(); ++i) items[i] = {a.key(i), a.data(i), a.bytes(i), {}};
             return RunBatchPut(st.s(), ns, items);
@@ -853,9 +945,8 @@ PYBIND11_MODULE(_cxlrt, m) {
       .def(
           "batch_get_into",
           [](PyStore& st, const std::string& ns, py::object keys, py::object outs) {
-            BatchArgs a(py::reinterpret_steal<py::sequence>(PySequence_Fast(keys.ptr(), "keys")),
-                        py::reinterpret_steal<py::sequence>(PySequence_Fast(outs.ptr(), "outs")),
-                        true);
+            BatchArgs a("batch_get_into", Sequence(keys, "keys"), Sequence(outs, "outs"), true);
+            Gate::Pass pass = st.Enter();
             std::vector<kv::GetItem> items(a.size());
             for (size_t i = 0; i < a.size(); ++i) items[i] = {a.key(i), a.data(i), a.bytes(i), {}};
             return RunBatchGet(st.s(), ns, items);
@@ -869,6 +960,7 @@ PYBIND11_MODULE(_cxlrt, m) {
           [](PyStore& st, const std::string& ns, const std::vector<py::bytes>& keys,
              const std::vector<uintptr_t>& ptrs, const std::vector<size_t>& sizes, size_t per) {
             const std::vector<std::string> k(keys.begin(), keys.end());
+            Gate::Pass pass = st.Enter();
             std::vector<kv::PutPart> parts;
             return RunBatchPut(
                 st.s(), ns,
@@ -881,6 +973,7 @@ PYBIND11_MODULE(_cxlrt, m) {
           [](PyStore& st, const std::string& ns, const std::vector<py::bytes>& keys,
              const std::vector<uintptr_t>& ptrs, const std::vector<size_t>& sizes, size_t per) {
             const std::vector<std::string> k(keys.begin(), keys.end());
+            Gate::Pass pass = st.Enter();
             std::vector<kv::GetPart> parts;
             return RunBatchGet(
                 st.s(), ns, PtrItems<kv::GetItem, kv::GetPart, void*>(k, ptrs, sizes, per, &parts));
@@ -897,6 +990,7 @@ PYBIND11_MODULE(_cxlrt, m) {
              const std::vector<uint64_t>& blocks,
              const std::vector<std::tuple<uintptr_t, uint64_t, size_t>>& segments) {
             const std::vector<std::string> k(keys.begin(), keys.end());
+            Gate::Pass pass = st.Enter();
             std::vector<kv::PutPart> parts;
             kv::BatchOptions options;
             return RunBatchPut(st.s(), ns,
@@ -911,6 +1005,7 @@ PYBIND11_MODULE(_cxlrt, m) {
              const std::vector<uint64_t>& blocks,
              const std::vector<std::tuple<uintptr_t, uint64_t, size_t>>& segments) {
             const std::vector<std::string> k(keys.begin(), keys.end());
+            Gate::Pass pass = st.Enter();
             std::vector<kv::GetPart> parts;
             kv::BatchOptions options;
             return RunBatchGet(st.s(), ns,
@@ -924,6 +1019,7 @@ PYBIND11_MODULE(_cxlrt, m) {
           [](std::shared_ptr<PyStore> st, const std::string& ns,
              const std::vector<py::bytes>& chain) {
             std::vector<std::string> c(chain.begin(), chain.end());
+            Gate::Pass pass = st->Enter();
             auto pins = std::make_shared<PyPins>();
             pins->store = st;
             kv::Store& s = st->s();
@@ -940,6 +1036,7 @@ PYBIND11_MODULE(_cxlrt, m) {
           "delete",
           [](PyStore& st, const std::string& ns, py::bytes key) {
             const std::string k = key;
+            Gate::Pass pass = st.Enter();
             kv::Store& s = st.s();
             absl::Status r;
             {
@@ -952,6 +1049,7 @@ PYBIND11_MODULE(_cxlrt, m) {
       .def(
           "set_quota",
           [](PyStore& st, const std::string& ns, uint64_t bytes) {
+            Gate::Pass pass = st.Enter();
             kv::Store& s = st.s();
             absl::Status r;
             {
@@ -964,13 +1062,17 @@ PYBIND11_MODULE(_cxlrt, m) {
       .def(
           "time_batches",
           [](PyStore& st, const std::string& ns, const std::vector<std::vector<py::bytes>>& batches,
-             const std::vector<py::buffer>& bufs, bool put) {
+             const py::sequence& bufs, bool put) {
             // The same batches as the Python API would run, looped in C++:
             // what the binding costs is the difference (python -m cxlrt.bench).
             std::vector<std::vector<std::string>> keys;
             for (const auto& b : batches) keys.emplace_back(b.begin(), b.end());
-            std::vector<Span> spans;
-            for (const py::buffer& b : bufs) spans.push_back(SpanOf(b, !put));
+            std::deque<Held> spans;  // held for the loop
+            for (size_t i = 0; i < bufs.size(); ++i) {
+              spans.emplace_back(py::object(bufs[i]), !put, "time_batches",
+                                 absl::StrCat("buffer ", i));
+            }
+            Gate::Pass pass = st.Enter();
             kv::Store& s = st.s();
             size_t failed = 0;
             int64_t ns_total = 0;
@@ -985,13 +1087,13 @@ PYBIND11_MODULE(_cxlrt, m) {
                 if (put) {
                   std::vector<kv::PutItem> items(batch.size());
                   for (size_t i = 0; i < batch.size(); ++i) {
-                    items[i] = {batch[i], spans[i].p, spans[i].bytes, {}};
+                    items[i] = {batch[i], spans[i].data(), spans[i].bytes(), {}};
                   }
                   for (const absl::Status& r : s.BatchPut(ns, items)) failed += !r.ok();
                 } else {
                   std::vector<kv::GetItem> items(batch.size());
                   for (size_t i = 0; i < batch.size(); ++i) {
-                    items[i] = {batch[i], spans[i].p, spans[i].bytes, {}};
+                    items[i] = {batch[i], spans[i].data(), spans[i].bytes(), {}};
                   }
                   for (const auto& r : s.BatchGet(ns, items)) failed += !r.ok();
                 }
@@ -1007,6 +1109,7 @@ PYBIND11_MODULE(_cxlrt, m) {
           "Seconds to run `batches` of BatchPut (put) or BatchGet in C++, item i of a batch "
           "from / into bufs[i].")
       .def("stats", [](PyStore& st) {
+        Gate::Pass pass = st.Enter();
         kv::Store& s = st.s();
         absl::StatusOr<kv::StoreStats> r;
         {

@@ -3,6 +3,7 @@ forked processes (results against numpy), the KV store, errors, and the
 GIL released while a call waits. Run by ctest (python_test) with
 PYTHONPATH at the build tree's python/."""
 
+import ctypes
 import json
 import multiprocessing as mp
 import os
@@ -82,6 +83,7 @@ def test_pool_buffers_are_numpy_arrays_without_a_copy(uri):
         view[:] = 3
         assert bytes(memoryview(buf)[:4]) == b"\x03" * 4
         assert buf.offset > 0 and buf.nbytes == 4096
+        del view  # a buffer with live views is not freed (test_safety.py)
         buf.free()
         assert buf.freed and memoryview(buf).nbytes == 0
         assert a.sum() == 7 * 1024
@@ -381,13 +383,83 @@ class DlpackOnly:
         return self.arr.__dlpack_device__()
 
 
+class _Device(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int32), ("id", ctypes.c_int32)]
+
+
+class _Dtype(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _Tensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _Device), ("ndim", ctypes.c_int32),
+                ("dtype", _Dtype), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _Managed(ctypes.Structure):
+    _fields_ = [("dl_tensor", _Tensor), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p)]
+
+
+class _Version(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class _ManagedVersioned(ctypes.Structure):
+    _fields_ = [("version", _Version), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p), ("flags", ctypes.c_uint64),
+                ("dl_tensor", _Tensor)]
+
+
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+_LEGACY, _VERSIONED = b"dltensor", b"dltensor_versioned"
+_CODES = {"i": 0, "u": 1, "f": 2}
+
+
+class Producer:
+    """An array known only through DLPack, over a numpy array's memory, as
+    JAX's immutable arrays are: a legacy capsule (no read-only flag) when the
+    consumer asks for no version, and a DLPack 1.0 capsule carrying the
+    array's writability when it asks for max_version >= (1, 0). With
+    versioned=False it is a legacy-only producer (no max_version)."""
+
+    def __init__(self, arr, versioned=True):
+        self.arr, self.versioned, self.keep = arr, versioned, []
+
+    def _tensor(self):
+        a = self.arr
+        shape = (ctypes.c_int64 * max(a.ndim, 1))(*a.shape)
+        self.keep.append(shape)
+        t = _Tensor(a.ctypes.data, _Device(1, 0), a.ndim,
+                    _Dtype(_CODES[a.dtype.kind], a.dtype.itemsize * 8, 1), shape, None, 0)
+        return t
+
+    def __dlpack__(self, stream=None, max_version=None, **kw):
+        if max_version is not None and not self.versioned:
+            raise TypeError("__dlpack__() got an unexpected keyword argument 'max_version'")
+        if max_version is not None and tuple(max_version) >= (1, 0):
+            m = _ManagedVersioned(_Version(1, 0), None, None,
+                                  0 if self.arr.flags.writeable else 1, self._tensor())
+            self.keep.append(m)
+            return _capsule_new(ctypes.addressof(m), _VERSIONED, None)
+        m = _Managed(self._tensor(), None, None)
+        self.keep.append(m)
+        return _capsule_new(ctypes.addressof(m), _LEGACY, None)
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
 def _dlpack_rank(rank, n, uri):
     with cxlrt.Host(uri) as host, host.communicator("dlpack", n, rank) as comm:
         x = np.arange(1000, dtype=np.float32) * (rank + 1)
-        comm.all_reduce(DlpackOnly(x))  # in place, through the DLPack view
+        comm.all_reduce(Producer(x))  # in place, through a DLPack 1.0 view
         np.testing.assert_array_equal(x, np.arange(1000, dtype=np.float32) * sum(range(1, n + 1)))
         out = np.zeros(n * 4, np.int64)
-        comm.all_gather(DlpackOnly(np.full(4, rank, np.int64)), DlpackOnly(out))
+        comm.all_gather(DlpackOnly(np.full(4, rank, np.int64)), Producer(out))
         np.testing.assert_array_equal(out, np.repeat(np.arange(n), 4))
 
 
@@ -397,7 +469,7 @@ def test_dlpack_arrays_go_through_collectives_and_the_store(uri):
         store = host.store(create=True)
         store.put("d", "k", DlpackOnly(np.arange(10, dtype=np.int32)))
         back = np.zeros(10, np.int32)
-        assert store.get_into("d", "k", DlpackOnly(back)) == 40
+        assert store.get_into("d", "k", Producer(back)) == 40
         np.testing.assert_array_equal(back, np.arange(10))
         assert store.batch_put("d", ["a", "b"], [DlpackOnly(np.ones(3, np.uint8))] * 2) == [None] * 2
         with pytest.raises(cxlrt.InvalidArgumentError, match="not C-contiguous"):

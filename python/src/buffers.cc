@@ -1,0 +1,267 @@
+// Buffer arguments of the _cxlrt bindings: held for the length of a call,
+// read from DLPack capsules, and checked against the call (buffers.h).
+#include "python/src/buffers.h"
+
+#include <map>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "collectives/device.h"
+
+namespace cxlrt::python {
+
+collectives::DataType TypeOf(const std::string& name) {
+  auto t = collectives::ParseDataType(name);
+  if (!t) throw StatusError{absl::InvalidArgumentError(absl::StrCat("unknown dtype '", name, "'"))};
+  return *t;
+}
+collectives::RedOp OpOf(const std::string& name) {
+  auto o = collectives::ParseRedOp(name);
+  if (!o) throw StatusError{absl::InvalidArgumentError(absl::StrCat("unknown op '", name, "'"))};
+  return *o;
+}
+
+Held::Held(py::handle o, bool writable, absl::string_view call, absl::string_view arg) {
+  if (py::isinstance<DeviceSpan>(o)) {
+    const auto& d = o.cast<const DeviceSpan&>();
+    // An address that is not GPU memory would be read as host memory: a
+    // crash, or wrong bytes. Refuse it, saying why.
+    if (d.nbytes > 0 &&
+        collectives::KindOf(reinterpret_cast<void*>(d.ptr)) != collectives::MemoryKind::kDevice) {
+      const std::string why = collectives::DevicesAvailable()
+                                  ? "it is not GPU memory"
+                                  : "no GPU: " + collectives::DevicesUnavailableReason();
+      throw StatusError{absl::InvalidArgumentError(
+          absl::StrCat(call, ": ", arg, ": DeviceSpan at 0x", absl::Hex(d.ptr), ": ", why))};
+    }
+    if (writable && d.readonly) {
+      throw StatusError{absl::InvalidArgumentError(
+          absl::StrCat(call, ": ", arg, " is read-only GPU memory; the call writes it"))};
+    }
+    owner_ = d.owner;
+    data_ = reinterpret_cast<void*>(d.ptr);
+    bytes_ = d.nbytes;
+    return;
+  }
+  if (!PyObject_CheckBuffer(o.ptr())) {
+    throw StatusError{absl::InvalidArgumentError(absl::StrCat(
+        call, ": ", arg,
+        ": expected a buffer (numpy array, bytearray, CPU tensor) or a DeviceSpan, got ",
+        std::string(py::str(o.get_type().attr("__name__")))))};
+  }
+  if (PyObject_GetBuffer(o.ptr(), &view_, PyBUF_STRIDES | (writable ? PyBUF_WRITABLE : 0)) != 0) {
+    py::error_already_set e;  // fetches (and clears) the exporter's error
+    throw StatusError{absl::InvalidArgumentError(
+        absl::StrCat(call, ": ", arg, writable ? " is read-only or not a writable buffer (" : " (",
+                     e.what(), ")"))};
+  }
+  if (!PyBuffer_IsContiguous(&view_, 'C')) {
+    PyBuffer_Release(&view_);
+    throw StatusError{absl::InvalidArgumentError(
+        absl::StrCat(call, ": ", arg, ": the buffer is not contiguous"))};
+  }
+  exported_ = true;
+  data_ = view_.buf;
+  bytes_ = static_cast<size_t>(view_.len);
+}
+
+// DLPack (the array-exchange ABI of JAX, TensorFlow, CuPy, numpy...): the
+// structs of dlpack.h, whose layout the standard fixes.
+namespace {
+namespace dlpack {
+struct Device {
+  int32_t type;  // 1 CPU, 2 CUDA, 3 CUDA host (pinned), 13 CUDA managed
+  int32_t id;
+};
+struct DataType {
+  uint8_t code;  // 0 int, 1 uint, 2 float, 4 bfloat
+  uint8_t bits;
+  uint16_t lanes;
+};
+struct Tensor {
+  void* data;
+  Device device;
+  int32_t ndim;
+  DataType dtype;
+  int64_t* shape;
+  int64_t* strides;  // in elements; null: C-contiguous
+  uint64_t byte_offset;
+};
+struct ManagedTensor {
+  Tensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(ManagedTensor*);
+};
+// DLPack 1.0 (capsule "dltensor_versioned"): a version and flags.
+struct ManagedTensorVersioned {
+  uint32_t major, minor;
+  void* manager_ctx;
+  void (*deleter)(ManagedTensorVersioned*);
+  uint64_t flags;
+  Tensor dl_tensor;
+};
+constexpr uint64_t kReadOnly = 1;  // DLPACK_FLAG_BITMASK_READ_ONLY
+}  // namespace dlpack
+}  // namespace
+
+// (buffer or DeviceSpan, cxlrt dtype, elements) of an unconsumed
+// "dltensor" or "dltensor_versioned" capsule, which the result holds (the
+// capsule keeps the producer's memory until it goes). `writable`: the
+// caller will write the memory, refused (InvalidArgumentError) when the
+// array is read-only: a DLPack 1.0 capsule flags it so, and a legacy
+// capsule cannot say otherwise (it has no flag, and JAX and TensorFlow
+// export their immutable arrays through it), as numpy's from_dlpack reads
+// it too.
+py::tuple DlpackView(const py::capsule& cap, bool writable) {
+  const std::string name = cap.name() ? cap.name() : "";
+  const dlpack::Tensor* tp;
+  bool readonly;
+  if (name == "dltensor_versioned") {
+    const auto* m = cap.get_pointer<dlpack::ManagedTensorVersioned>();
+    if (m->major != 1) {
+      throw StatusError{absl::InvalidArgumentError(
+          absl::StrCat("a DLPack ", m->major, ".", m->minor, " capsule: cxlrt reads 1.x"))};
+    }
+    tp = &m->dl_tensor;
+    readonly = (m->flags & dlpack::kReadOnly) != 0;
+    if (writable && readonly) {
+      throw StatusError{absl::InvalidArgumentError(
+          "the DLPack array is read-only (its producer flags it so); cxlrt does not write it")};
+    }
+  } else if (name == "dltensor") {
+    tp = &cap.get_pointer<dlpack::ManagedTensor>()->dl_tensor;
+    readonly = true;
+    if (writable) {
+      throw StatusError{absl::InvalidArgumentError(
+          "the DLPack array is read-only to cxlrt: a legacy DLPack capsule (its producer "
+          "takes no max_version) cannot say its memory may be written, and JAX's and "
+          "TensorFlow's arrays are immutable; write into a numpy array or torch tensor, or "
+          "one whose producer speaks DLPack 1.0")};
+    }
+  } else {
+    throw StatusError{absl::InvalidArgumentError(
+        "expected an unconsumed DLPack capsule (named 'dltensor' or 'dltensor_versioned')")};
+  }
+  const dlpack::Tensor& t = *tp;
+  const dlpack::DataType d = t.dtype;
+  static const std::map<std::pair<int, int>, const char*> kTypes = {
+      {{0, 8}, "int8"},     {{0, 32}, "int32"},   {{0, 64}, "int64"},   {{1, 8}, "uint8"},
+      {{1, 32}, "uint32"},  {{1, 64}, "uint64"},  {{2, 16}, "float16"}, {{2, 32}, "float32"},
+      {{2, 64}, "float64"}, {{4, 16}, "bfloat16"}};
+  auto type = kTypes.find({d.code, d.bits});
+  if (type == kTypes.end() || d.lanes != 1) {
+    throw StatusError{absl::InvalidArgumentError(
+        absl::StrCat("cxlrt has no element type for DLPack type code ", d.code, ", ", d.bits,
+                     " bits, ", d.lanes, " lanes"))};
+  }
+  int64_t count = 1, expect = 1;
+  for (int i = t.ndim - 1; i >= 0; --i) {
+    if (t.shape[i] < 0) throw StatusError{absl::InvalidArgumentError("a DLPack shape below 0")};
+    if (t.strides && t.shape[i] > 1 && t.strides[i] != expect) {
+      throw StatusError{absl::InvalidArgumentError("the DLPack array is not C-contiguous")};
+    }
+    expect *= t.shape[i];
+    count *= t.shape[i];
+  }
+  const size_t nbytes = static_cast<size_t>(count) * (d.bits / 8);
+  auto* p = static_cast<uint8_t*>(t.data) + t.byte_offset;
+  py::object view;
+  switch (t.device.type) {
+    case 1:  // CPU
+    case 3:  // CUDA host memory
+      view = py::cast(DlpackMemory{cap, p, nbytes, readonly});
+      break;
+    case 2:   // CUDA
+    case 13:  // CUDA managed
+      view = py::cast(DeviceSpan{reinterpret_cast<uint64_t>(p), nbytes, cap, readonly});
+      break;
+    default:
+      throw StatusError{absl::InvalidArgumentError(absl::StrCat(
+          "a DLPack array on device type ", t.device.type, ": cxlrt moves CPU and CUDA memory"))};
+  }
+  return py::make_tuple(view, type->second, count);
+}
+
+const char* NameOf(Call c) {
+  switch (c) {
+    case Call::kAllReduce:
+      return "all_reduce";
+    case Call::kReduceScatter:
+      return "reduce_scatter";
+    case Call::kAllGather:
+      return "all_gather";
+    case Call::kBroadcast:
+      return "broadcast";
+    case Call::kReduce:
+      return "reduce";
+    case Call::kGather:
+      return "gather";
+    case Call::kScatter:
+      return "scatter";
+    case Call::kAllToAll:
+      return "all_to_all";
+    case Call::kSend:
+      return "send";
+    case Call::kRecv:
+      return "recv";
+  }
+  return "?";
+}
+
+bool HasRoot(Call c) {
+  return c == Call::kBroadcast || c == Call::kReduce || c == Call::kGather || c == Call::kScatter;
+}
+
+Uses UsesOf(Call c, int nranks, bool root) {
+  const uint64_t n = static_cast<uint64_t>(nranks);
+  switch (c) {
+    case Call::kAllReduce:
+      return {1, 1};
+    case Call::kReduceScatter:
+      return {n, 1};
+    case Call::kAllGather:
+      return {1, n};
+    case Call::kBroadcast:
+      return {root ? 1u : 0u, 1};
+    case Call::kReduce:
+      return {1, root ? 1u : 0u};
+    case Call::kGather:
+      return {1, root ? n : 0};
+    case Call::kScatter:
+      return {root ? n : 0, 1};
+    case Call::kAllToAll:
+      return {n, n};
+    case Call::kSend:
+    case Call::kRecv:
+      return {1, 0};
+  }
+  return {0, 0};
+}
+
+// Refuses, before anything is copied, a buffer that does not hold exactly
+// the `multiple` x `count` elements of `dtype` the call moves through it,
+// or whose own element type (`held_dtype`; empty: an untyped buffer) is
+// another. multiple 0: the buffer is not used on this rank.
+void CheckBuffer(const char* call, const char* arg, const Held& b, bool writes, uint64_t multiple,
+                 uint64_t count, const std::string& dtype, const std::string& held_dtype) {
+  if (multiple == 0) return;
+  if (!held_dtype.empty() && held_dtype != dtype) {
+    throw StatusError{absl::InvalidArgumentError(absl::StrCat(
+        call, ": ", arg, " holds ", held_dtype, " elements but the call moves ", dtype))};
+  }
+  const uint64_t es = collectives::SizeOf(TypeOf(dtype));
+  uint64_t elements, bytes;
+  if (__builtin_mul_overflow(multiple, count, &elements) ||
+      __builtin_mul_overflow(elements, es, &bytes)) {
+    throw StatusError{absl::InvalidArgumentError(absl::StrCat(
+        call, ": ", arg, ": ", multiple, " x ", count, " elements of ", dtype, " overflow"))};
+  }
+  if (b.bytes() != bytes) {
+    throw StatusError{absl::InvalidArgumentError(
+        absl::StrCat(call, ": ", arg, " holds ", b.bytes(), " bytes; the call ",
+                     writes ? "writes" : "reads", " ", bytes, " (", elements, " ", dtype, ")"))};
+  }
+}
+
+}  // namespace cxlrt::python
