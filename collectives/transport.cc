@@ -1,5 +1,6 @@
 #include "collectives/transport.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -165,6 +166,7 @@ absl::Status Transport::Progress(uint64_t through) {
       p.after.pop_back();
     }
     if (!p.by_engine) PublishPost(p);
+    if (p.post.data != 0) published_ = std::max(published_, p.s);
     pending_.pop_front();
   }
   return absl::OkStatus();
@@ -190,6 +192,15 @@ void Transport::PublishLine(uint64_t s, const PostLayout& post) {
              sizeof(PostLayout) - sizeof(uint64_t));
   CXLRT_FAULT_POINT("coll.round.posted");
   c_.StoreFlag(line, s);
+  if (post.data != 0) published_ = std::max(published_, s);
+}
+
+uint64_t Transport::published() const {
+  uint64_t out = published_;
+  for (const Pending& p : pending_) {
+    if (p.by_engine && p.post.data != 0) out = std::max(out, p.s);
+  }
+  return out;
 }
 
 absl::Status Transport::CheckPost(int j, uint64_t s) {

@@ -74,6 +74,12 @@ class Transport {
   CopyEngine& engine() { return *engine_; }
   // The last post number handed out by Stage (posts so far).
   uint64_t staged() const { return staged_; }
+  // The last post whose bytes lie in this rank's slots or pool buffers (not
+  // inline) that peers may have seen: published by this host, or handed to
+  // an engine that writes the line itself (it may have, even if its ticket
+  // never completes). Peers read this rank's memory only for posts up to
+  // it.
+  uint64_t published() const;
 
   // Starts a call: its descriptor (checked against every peer's), its
   // deadline, and the engine that moves its bytes.
@@ -180,7 +186,8 @@ class Transport {
   CallDesc desc_;
   absl::Time deadline_;
   CopyEngine* engine_ = nullptr;
-  uint64_t staged_ = 0;  // last post number staged
+  uint64_t staged_ = 0;     // last post number staged
+  uint64_t published_ = 0;  // published(), but of lines this host wrote or the engine completed
   uint64_t call_first_ = 1;
   std::deque<Pending> pending_;
   std::vector<PostLayout> posts_;    // [j * depth + s % depth]: peers' posts as read
