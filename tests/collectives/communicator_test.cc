@@ -1325,7 +1325,9 @@ TEST_P(CollectivesTest, AStaleBlockIsNotRemadeWhileARankOfTheOldJobLives) {
     return 4;
   });
   const pid_t a1 = Spawn([&]() -> int {
-    auto h = OpenRankHost(uri_);
+    // A long lease: a heartbeat starved on a loaded machine must not make
+    // this live rank look dead to the new job.
+    auto h = OpenRankHost(uri_, absl::Seconds(4));
     if (!h.ok()) return 2;
     auto comm = Communicator::Create(*h->alloc, "stale", 2, 1, old_job);
     if (!comm.ok()) return 3;
