@@ -438,6 +438,7 @@ absl::Status Communicator::Join() {
       .rings = std::move(rings),
       .watch = watch_.get(),
       .spins = spins_,
+      .drain = [this] { return DrainEngines(absl::Now() + options_.timeout); },
   });
   return absl::OkStatus();
 }

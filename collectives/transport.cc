@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/fault.h"
+#include "runtime/log.h"
 
 namespace cxlrt::collectives {
 Transport::Transport(Setup setup)
@@ -20,6 +21,7 @@ Transport::Transport(Setup setup)
       rings_(std::move(setup.rings)),
       watch_(setup.watch),
       spins_(setup.spins),
+      drain_(std::move(setup.drain)),
       posts_(size_t(setup.nranks) * setup.depth),
       peer_done_(setup.nranks, 0) {}
 
@@ -54,7 +56,15 @@ std::string Transport::Describe(const CallDesc& d) const {
 absl::Status Transport::Fail(absl::Status s) {
   if (failed_.ok()) {
     failed_ = s;
-    c_.StoreFlag(RankAt(rank_), static_cast<uint64_t>(JoinState::kAborted));
+    const absl::Status drained = drain_ ? drain_() : absl::OkStatus();
+    if (drained.ok()) {
+      c_.StoreFlag(RankAt(rank_), static_cast<uint64_t>(JoinState::kAborted));
+    } else {
+      CXLRT_LOG(kWarning) << name_ << " rank " << rank_
+                          << " is not marked aborted for its peers (its copies may still write "
+                             "the block): "
+                          << drained;
+    }
   }
   return s;
 }

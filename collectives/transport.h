@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,9 @@ class Transport {
     std::vector<RingLayout> rings;  // every rank's slots, as joined
     runtime::WaitWatch* watch;      // ends waits when a peer dies or leaves
     int spins;                      // spins before a wait yields; -1: CXLRT_WAIT_SPINS
+    // Drains every engine of the communicator (Fail runs it before the
+    // peers see this rank aborted); null: nothing to drain.
+    std::function<absl::Status()> drain;
   };
   explicit Transport(Setup setup);
 
@@ -133,7 +137,11 @@ class Transport {
   absl::Status AwaitPeersDone(uint64_t s);
 
   // Records the first error, marks this rank aborted for the peers, and
-  // returns `s`.
+  // returns `s`. The mark is this rank's last write to the block (rank 0
+  // frees it once every rank is marked), so the engines drain first: their
+  // copies may still write it (Send's chunks, post lines an engine
+  // publishes). An engine that does not drain by the deadline leaves the
+  // mark unset, and the peers' waits run into their deadlines instead.
   absl::Status Fail(absl::Status s);
   const absl::Status& failed() const { return failed_; }
   // Describes a call: "AllReduce(count=4, float32, sum) [call 3]".
@@ -182,6 +190,7 @@ class Transport {
   const std::vector<RingLayout> rings_;
   runtime::WaitWatch* const watch_;
   const int spins_;
+  const std::function<absl::Status()> drain_;
 
   CallDesc desc_;
   absl::Time deadline_;
