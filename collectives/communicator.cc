@@ -280,8 +280,9 @@ absl::Status Communicator::Join() {
         // its ranks can write it any more. A rank that outlived the job's
         // rank 0 writes its abort and post lines at its next call: into
         // our instance, if we took the block now (issue 25, defect 5).
-        if (old)
+        if (old) {
           CXLRT_RETURN_IF_ERROR(AwaitStaleRanksGone(found->offset, found->size, *old, deadline));
+        }
         CXLRT_LOG(kInfo) << "replacing stale communicator " << name_;
         absl::Status s = alloc_.FreeNamed(name_);
         if (!s.ok() && !absl::IsNotFound(s)) return s;
