@@ -276,7 +276,13 @@ absl::Status Communicator::Join() {
                                                        " is in use: host slot ", old->creator_slot,
                                                        " made it and is alive"));
         }
-        // Left behind by a dead job: its block is ours to reuse.
+        // Left behind by a dead job: its block is ours to reuse once none of
+        // its ranks can write it any more. A rank that outlived the job's
+        // rank 0 writes its abort and post lines at its next call: into
+        // our instance, if we took the block now (issue 25, defect 5).
+        if (old) {
+          CXLRT_RETURN_IF_ERROR(AwaitStaleRanksGone(found->offset, found->size, *old, deadline));
+        }
         CXLRT_LOG(kInfo) << "replacing stale communicator " << name_;
         absl::Status s = alloc_.FreeNamed(name_);
         if (!s.ok() && !absl::IsNotFound(s)) return s;
@@ -433,6 +439,7 @@ absl::Status Communicator::Join() {
       .rings = std::move(rings),
       .watch = watch_.get(),
       .spins = spins_,
+      .drain = [this] { return DrainEngines(absl::Now() + options_.timeout); },
   });
   return absl::OkStatus();
 }
@@ -453,11 +460,31 @@ absl::Status Communicator::Destroy() {
   const bool failed_before = !failed().ok();
   const absl::Status barrier = failed_before ? absl::OkStatus() : Barrier();
   destroyed_ = true;
-  for (PoolOffset b : buffers_) (void)alloc_.Free(b);
+  // What this rank frees must be unused first: its engines' copies write
+  // its slots (and, when an engine publishes post lines, the block), and
+  // after a failure a peer may still read a post from its slots or
+  // buffers. A barrier that succeeded shows every peer read every post;
+  // a failure shows nothing (issue 25, defect 6). When either wait runs
+  // out, the memory is kept, not handed to the next allocation.
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  const absl::Status drained = DrainEngines(deadline);
+  absl::Status kept = drained;
+  if (kept.ok() && !failed().ok()) kept = AwaitReadersDone(deadline);
+  if (kept.ok()) {
+    for (PoolOffset b : buffers_) (void)alloc_.Free(b);
+    FreeSlots();
+  } else {
+    kept = absl::Status(kept.code(),
+                        absl::StrCat(kept.message(), "; its ", my_slots_.size(), " data slots and ",
+                                     buffers_.size(), " pool buffers are kept, not freed"));
+    CXLRT_LOG(kWarning) << kept;
+    for (PoolOffset& slot : my_slots_) slot = 0;
+  }
   buffers_.clear();
-  FreeSlots();  // after the barrier: nobody reads them any more
   if (failed().ok()) c_.StoreFlag(RankAt(rank_), static_cast<uint64_t>(JoinState::kLeft));
   if (rank_ == 0) {
+    // An engine that may still write post lines into the block keeps it.
+    if (!drained.ok()) return kept;
     // The block goes only when no rank can write it any more: each rank has
     // left or aborted (its last write), or its host is dead by the
     // membership lease or restarted. A peer's departure says nothing about
@@ -469,22 +496,24 @@ absl::Status Communicator::Destroy() {
   }
   // The call that failed before Destroy reported its error; a barrier that
   // fails here is reported here.
-  return barrier;
+  return kept.ok() ? barrier : kept;
+}
+
+bool Communicator::HostGone(const JoinLayout& peer) const {
+  auto host = alloc_.membership().Host(peer.host_slot);
+  if (!host.ok()) return false;  // unreadable: keep waiting, within the deadline
+  return host->record.epoch != peer.host_epoch || host->liveness == runtime::Liveness::kDead ||
+         host->liveness == runtime::Liveness::kFenced || host->liveness == runtime::Liveness::kFree;
 }
 
 absl::Status Communicator::AwaitEveryRankGone() {
-  runtime::Membership& m = alloc_.membership();
   const absl::Time deadline = absl::Now() + options_.timeout;
   for (int j = 1; j < nranks_; ++j) {
     const JoinLayout& peer = peers_[j];
     auto gone = [&] {
       const auto state = static_cast<JoinState>(c_.LoadFlag(RankAt(j)));
       if (state == JoinState::kLeft || state == JoinState::kAborted) return true;
-      auto host = m.Host(peer.host_slot);
-      if (!host.ok()) return false;  // unreadable: keep waiting, within the deadline
-      return host->record.epoch != peer.host_epoch || host->liveness == runtime::Liveness::kDead ||
-             host->liveness == runtime::Liveness::kFenced ||
-             host->liveness == runtime::Liveness::kFree;
+      return HostGone(peer);
     };
     absl::Status s = runtime::WaitUntil(gone, deadline, "a rank to leave", nullptr, kDataPathYield);
     if (!s.ok()) {
@@ -498,6 +527,91 @@ absl::Status Communicator::AwaitEveryRankGone() {
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status Communicator::AwaitReadersDone(absl::Time deadline) {
+  const uint64_t posted = transport_->published();
+  if (posted == 0) return absl::OkStatus();
+  for (int j = 0; j < nranks_; ++j) {
+    if (j == rank_) continue;
+    const JoinLayout& peer = peers_[j];
+    uint64_t done = 0;
+    // Read every post up to `posted` (done counters only grow), or can read
+    // no more: it left (after a barrier over every post), aborted (its call
+    // returned an error, whatever it read), or its host is gone.
+    auto finished = [&] {
+      done = c_.LoadFlag(transport_->DoneAt(j));
+      if (done >= posted) return true;
+      const auto state = static_cast<JoinState>(c_.LoadFlag(RankAt(j)));
+      if (state == JoinState::kLeft || state == JoinState::kAborted) return true;
+      return HostGone(peer);
+    };
+    absl::Status s = runtime::WaitUntil(finished, deadline, "a peer to read this rank's posts",
+                                        nullptr, kDataPathYield);
+    if (!s.ok()) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "rank ", rank_, " destroying ", name_, " after an error: rank ", j, " (host slot ",
+          peer.host_slot, ", pid ", peer.pid, ") has read this rank's posts up to ", done, " of ",
+          posted, " and neither left, aborted nor died by the deadline (",
+          absl::FormatDuration(options_.timeout), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Communicator::AwaitStaleRanksGone(PoolOffset block, uint64_t size,
+                                               const CommHeaderLayout& old, absl::Time deadline) {
+  // Only lines the block holds: a header naming more ranks is corrupt, and
+  // its lines past the block are no rank's.
+  const uint64_t fit = (size - sizeof(CommHeaderLayout)) / sizeof(RankLayout);
+  const uint64_t n = std::min<uint64_t>(old.nranks, fit);
+  for (uint64_t j = 0; j < n; ++j) {
+    const PoolOffset at = block + sizeof(CommHeaderLayout) + j * sizeof(RankLayout);
+    JoinLayout peer = {};
+    // Never joined (writes nothing), left or aborted (its last write), or
+    // its host dead, fenced or restarted. The join line is written before
+    // the state flag, for the instance the header names.
+    auto gone = [&] {
+      const auto state = static_cast<JoinState>(c_.LoadFlag(at));
+      if (state != JoinState::kJoined) return true;
+      peer = c_.FetchObject<JoinLayout>(at);
+      if (peer.instance != old.instance) return true;  // not a line of that instance
+      return HostGone(peer);
+    };
+    absl::Status s =
+        runtime::WaitUntil(gone, deadline, "the old job's ranks to go", nullptr, kDataPathYield);
+    if (!s.ok()) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "communicator ", name_, " is still in use: its maker (host slot ", old.creator_slot,
+          ") is dead, but rank ", j, " of that job (host slot ", peer.host_slot, ", pid ", peer.pid,
+          ") is alive and has neither left nor aborted within ",
+          absl::FormatDuration(options_.timeout),
+          "; it would write into a new instance. End it (its next call on the communicator "
+          "aborts it), then create the communicator again"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Communicator::DrainEngines(absl::Time deadline) {
+  for (CopyEngine* e : {options_.engine, static_cast<CopyEngine*>(device_engine_.get())}) {
+    if (e == nullptr) continue;
+    if (absl::Status s = e->Drain(deadline); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("rank ", rank_, " of ", name_, ": the ", e->name(),
+                                                 " copy engine: ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Communicator::SettleAfterError(CopyEngine& engine, absl::Status error) {
+  // The caller may reuse or free its buffers once the call returns: copies
+  // into them (and out of them) end first, as they do before an OK return.
+  absl::Status s = engine.Drain(absl::Now() + options_.timeout);
+  if (s.ok()) return error;
+  return absl::Status(error.code(), absl::StrCat(error.message(), " (and the ", engine.name(),
+                                                 " copy engine: ", s.message(),
+                                                 ": its copies may still write the buffers)"));
 }
 
 void Communicator::PublishBody(PoolOffset line, const void* obj, size_t size) {
@@ -669,7 +783,8 @@ absl::Status Communicator::Run(CollKind kind, DataType type, RedOp op, size_t co
       CXLRT_RETURN_IF_ERROR(Usable());
       if (dev) CXLRT_RETURN_IF_ERROR(dev->StartAfterMark(mark));
       CXLRT_ASSIGN_OR_RETURN(algorithms::Call c, Begin(kind, type, op, count, root, *engine));
-      return algorithm(c);
+      absl::Status s = algorithm(c);
+      return s.ok() ? s : SettleAfterError(*engine, std::move(s));
     });
     return dev ? dev->WaitDoneOn(stream, seq) : absl::OkStatus();
   }
@@ -683,7 +798,7 @@ absl::Status Communicator::RunNow(CollKind kind, DataType type, RedOp op, size_t
   CXLRT_RETURN_IF_ERROR(Usable());
   CXLRT_ASSIGN_OR_RETURN(CopyEngine * engine, EngineFor(CollKindName(kind), {send, recv}, stream));
   CXLRT_ASSIGN_OR_RETURN(algorithms::Call c, Begin(kind, type, op, count, root, *engine));
-  CXLRT_RETURN_IF_ERROR(algorithm(c));
+  if (absl::Status s = algorithm(c); !s.ok()) return SettleAfterError(*engine, std::move(s));
   return EndOnStream(engine, stream);
 }
 

@@ -179,7 +179,10 @@ class Communicator {
   absl::Status Free(void* p);
 
   // Leaves: a barrier, then rank 0 frees the communicator's block once
-  // every rank has left (or died). The destructor calls it.
+  // every rank has left (or died). The destructor calls it. Frees this
+  // rank's slots and buffers only once its engines have drained and, after
+  // a failure, every peer has read its posts (or aborted, left or died);
+  // otherwise keeps them and returns kDeadlineExceeded saying so.
   absl::Status Destroy();
   // Marks the communicator aborted for every rank, now; no wait.
   void Abort(absl::string_view why = "aborted by the application");
@@ -260,6 +263,24 @@ class Communicator {
   void PublishBody(runtime::PoolOffset line, const void* obj, size_t size);
   // Rank 0's Destroy: waits until no rank can write the block any more.
   absl::Status AwaitEveryRankGone();
+  // Whether the host of a rank that joined as `peer` is dead, fenced, free
+  // or restarted (its process can write the pool no more).
+  bool HostGone(const JoinLayout& peer) const;
+  // Destroy after a failure: waits until every peer has read this rank's
+  // published posts, or left, aborted or died (a peer may still be reading
+  // one from its slots). kDeadlineExceeded naming the peer at `deadline`.
+  absl::Status AwaitReadersDone(absl::Time deadline);
+  // Join, rank 0, before it takes the stale block [block, block+size)
+  // whose header is `old`: waits until each rank of that instance has
+  // left, aborted or died. kAlreadyExists naming a rank alive at `deadline`.
+  absl::Status AwaitStaleRanksGone(PoolOffset block, uint64_t size, const CommHeaderLayout& old,
+                                   absl::Time deadline);
+  // Drains every engine this communicator used (CopyEngine::Drain).
+  absl::Status DrainEngines(absl::Time deadline);
+  // After a call failed with `error` on `engine`: drains the engine (its
+  // copies write the caller's buffers) and returns `error`, noting a drain
+  // that ran out.
+  absl::Status SettleAfterError(CopyEngine& engine, absl::Status error);
   // Records the first error, tells the peers, returns it.
   absl::Status Fail(absl::Status s);
   // OK, or the first error (the communicator is then aborted).

@@ -83,6 +83,16 @@ class CopyEngine {
   // then unusable and the communicator fails).
   virtual absl::Status Wait(Ticket t, absl::Time deadline) = 0;
 
+  // Waits until no operation of the engine runs any more: every ticket
+  // completed, or the engine failed (then none ever runs: failure()).
+  // kDeadlineExceeded when operations may still run at `deadline`. A
+  // communicator drains before it frees what they write (its slots) and
+  // before a failed call returns (they write the caller's buffers).
+  virtual absl::Status Drain(absl::Time deadline) {
+    (void)deadline;
+    return absl::OkStatus();
+  }
+
   // Whether `t` has completed: polled, or with `wait` waited for (then
   // true unless it fails). A failed engine's error is returned either way:
   // a caller that polls while it waits for a peer (which may be waiting for

@@ -81,9 +81,13 @@ absl::Status Communicator::Send(const void* buf, size_t count, DataType type, in
   }
   CXLRT_ASSIGN_OR_RETURN(CopyEngine * engine, EngineFor("Send", {buf}, stream));
   deadline_ = absl::Now() + options_.timeout;
+  // Copies still in flight read `buf` and write the channel: they end
+  // before the error returns (SettleAfterError).
   auto failed = [&](const absl::Status& s) {
-    return Fail(absl::Status(s.code(), absl::StrCat("Send from rank ", rank_, " to rank ", peer,
-                                                    " of ", name_, ": ", s.message())));
+    return SettleAfterError(
+        *engine,
+        Fail(absl::Status(s.code(), absl::StrCat("Send from rank ", rank_, " to rank ", peer,
+                                                 " of ", name_, ": ", s.message()))));
   };
   const size_t bytes = count * SizeOf(type), chunk = P2pChunkFor(bytes);
   const auto* in = static_cast<const uint8_t*>(buf);
@@ -135,9 +139,12 @@ absl::Status Communicator::Recv(void* buf, size_t count, DataType type, int peer
   }
   CXLRT_ASSIGN_OR_RETURN(CopyEngine * engine, EngineFor("Recv", {buf}, stream));
   deadline_ = absl::Now() + options_.timeout;
+  // Copies still in flight write `buf`: they end before the error returns.
   auto failed = [&](const absl::Status& s) {
-    return Fail(absl::Status(s.code(), absl::StrCat("Recv at rank ", rank_, " from rank ", peer,
-                                                    " of ", name_, ": ", s.message())));
+    return SettleAfterError(
+        *engine,
+        Fail(absl::Status(s.code(), absl::StrCat("Recv at rank ", rank_, " from rank ", peer,
+                                                 " of ", name_, ": ", s.message()))));
   };
   const size_t bytes = count * SizeOf(type), chunk = P2pChunkFor(bytes);
   auto* out = static_cast<uint8_t*>(buf);
@@ -171,11 +178,12 @@ absl::Status Communicator::Recv(void* buf, size_t count, DataType type, int peer
           " of at most ", p2p_chunk_bytes(), " bytes of this one (", absl::Hex(instance_), ")")));
     }
     if (p.total != count || p.type != static_cast<uint64_t>(type) || p.bytes != len) {
-      return Fail(absl::InvalidArgumentError(
-          absl::StrCat("rank ", rank_, " called Recv(count=", count, ", ", DataTypeName(type),
+      return SettleAfterError(
+          *engine, Fail(absl::InvalidArgumentError(absl::StrCat(
+                       "rank ", rank_, " called Recv(count=", count, ", ", DataTypeName(type),
                        ") but rank ", peer, " called Send(count=", p.total, ", ",
                        p.type < kNumDataTypes ? DataTypeName(static_cast<DataType>(p.type)) : "?",
-                       ") on ", name_)));
+                       ") on ", name_))));
     }
     const CopyEngine::Ticket t =
         len ? engine->FromPool(out + at, c_.BeginRead(P2pBufferAt(peer, rank_, q), len), len) : 0;

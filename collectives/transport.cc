@@ -1,9 +1,11 @@
 #include "collectives/transport.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/fault.h"
+#include "runtime/log.h"
 
 namespace cxlrt::collectives {
 Transport::Transport(Setup setup)
@@ -19,6 +21,7 @@ Transport::Transport(Setup setup)
       rings_(std::move(setup.rings)),
       watch_(setup.watch),
       spins_(setup.spins),
+      drain_(std::move(setup.drain)),
       posts_(size_t(setup.nranks) * setup.depth),
       peer_done_(setup.nranks, 0) {}
 
@@ -53,7 +56,15 @@ std::string Transport::Describe(const CallDesc& d) const {
 absl::Status Transport::Fail(absl::Status s) {
   if (failed_.ok()) {
     failed_ = s;
-    c_.StoreFlag(RankAt(rank_), static_cast<uint64_t>(JoinState::kAborted));
+    const absl::Status drained = drain_ ? drain_() : absl::OkStatus();
+    if (drained.ok()) {
+      c_.StoreFlag(RankAt(rank_), static_cast<uint64_t>(JoinState::kAborted));
+    } else {
+      CXLRT_LOG(kWarning) << name_ << " rank " << rank_
+                          << " is not marked aborted for its peers (its copies may still write "
+                             "the block): "
+                          << drained;
+    }
   }
   return s;
 }
@@ -165,6 +176,7 @@ absl::Status Transport::Progress(uint64_t through) {
       p.after.pop_back();
     }
     if (!p.by_engine) PublishPost(p);
+    if (p.post.data != 0) published_ = std::max(published_, p.s);
     pending_.pop_front();
   }
   return absl::OkStatus();
@@ -190,6 +202,15 @@ void Transport::PublishLine(uint64_t s, const PostLayout& post) {
              sizeof(PostLayout) - sizeof(uint64_t));
   CXLRT_FAULT_POINT("coll.round.posted");
   c_.StoreFlag(line, s);
+  if (post.data != 0) published_ = std::max(published_, s);
+}
+
+uint64_t Transport::published() const {
+  uint64_t out = published_;
+  for (const Pending& p : pending_) {
+    if (p.by_engine && p.post.data != 0) out = std::max(out, p.s);
+  }
+  return out;
 }
 
 absl::Status Transport::CheckPost(int j, uint64_t s) {

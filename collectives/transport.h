@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,9 @@ class Transport {
     std::vector<RingLayout> rings;  // every rank's slots, as joined
     runtime::WaitWatch* watch;      // ends waits when a peer dies or leaves
     int spins;                      // spins before a wait yields; -1: CXLRT_WAIT_SPINS
+    // Drains every engine of the communicator (Fail runs it before the
+    // peers see this rank aborted); null: nothing to drain.
+    std::function<absl::Status()> drain;
   };
   explicit Transport(Setup setup);
 
@@ -74,6 +78,12 @@ class Transport {
   CopyEngine& engine() { return *engine_; }
   // The last post number handed out by Stage (posts so far).
   uint64_t staged() const { return staged_; }
+  // The last post whose bytes lie in this rank's slots or pool buffers (not
+  // inline) that peers may have seen: published by this host, or handed to
+  // an engine that writes the line itself (it may have, even if its ticket
+  // never completes). Peers read this rank's memory only for posts up to
+  // it.
+  uint64_t published() const;
 
   // Starts a call: its descriptor (checked against every peer's), its
   // deadline, and the engine that moves its bytes.
@@ -127,7 +137,11 @@ class Transport {
   absl::Status AwaitPeersDone(uint64_t s);
 
   // Records the first error, marks this rank aborted for the peers, and
-  // returns `s`.
+  // returns `s`. The mark is this rank's last write to the block (rank 0
+  // frees it once every rank is marked), so the engines drain first: their
+  // copies may still write it (Send's chunks, post lines an engine
+  // publishes). An engine that does not drain by the deadline leaves the
+  // mark unset, and the peers' waits run into their deadlines instead.
   absl::Status Fail(absl::Status s);
   const absl::Status& failed() const { return failed_; }
   // Describes a call: "AllReduce(count=4, float32, sum) [call 3]".
@@ -176,11 +190,13 @@ class Transport {
   const std::vector<RingLayout> rings_;
   runtime::WaitWatch* const watch_;
   const int spins_;
+  const std::function<absl::Status()> drain_;
 
   CallDesc desc_;
   absl::Time deadline_;
   CopyEngine* engine_ = nullptr;
-  uint64_t staged_ = 0;  // last post number staged
+  uint64_t staged_ = 0;     // last post number staged
+  uint64_t published_ = 0;  // published(), but of lines this host wrote or the engine completed
   uint64_t call_first_ = 1;
   std::deque<Pending> pending_;
   std::vector<PostLayout> posts_;    // [j * depth + s % depth]: peers' posts as read

@@ -579,7 +579,7 @@ std::vector<absl::Status> Store::BatchPut(absl::string_view ns, absl::Span<const
   auto id = NamespaceId(ns, true);
   std::vector<absl::Status> refused;
   if (auto kinds = ItemKinds(items, options.memory, &refused); id.ok() && !kinds.empty()) {
-    return DeviceBatchPut(*id, ns, items, kinds, refused);
+    return DeviceBatchPut(*id, ns, items, kinds, refused, options.stream);
   }
   uint64_t bytes = 0;
   for (const PutItem& it : items) {
@@ -795,7 +795,7 @@ std::vector<absl::StatusOr<size_t>> Store::BatchGet(absl::string_view ns,
   auto id = NamespaceId(ns, false);
   std::vector<absl::Status> refused;
   if (auto kinds = ItemKinds(items, options.memory, &refused); id.ok() && !kinds.empty()) {
-    return DeviceBatchGet(*id, items, kinds, refused);
+    return DeviceBatchGet(*id, items, kinds, refused, options.stream);
   }
   uint64_t bytes = 0;
   for (const GetItem& it : items) {
@@ -942,12 +942,12 @@ std::vector<collectives::MemoryKind> Store::ItemKinds(absl::Span<const Item> ite
   return kinds;
 }
 
-absl::StatusOr<collectives::DeviceEngine*> Store::Device() {
+absl::StatusOr<collectives::DeviceEngine*> Store::Device(void* stream) {
   if (!device_) {
     CXLRT_ASSIGN_OR_RETURN(device_,
                            collectives::MakeDeviceEngine(c_, pool_.backend().base(), pool_.size()));
   }
-  CXLRT_RETURN_IF_ERROR(device_->StartAfter(nullptr));
+  CXLRT_RETURN_IF_ERROR(device_->StartAfter(stream));
   return device_.get();
 }
 
@@ -1023,10 +1023,11 @@ class CopyGroups {
 std::vector<absl::Status> Store::DeviceBatchPut(uint32_t ns, absl::string_view ns_name,
                                                 absl::Span<const PutItem> items,
                                                 const std::vector<collectives::MemoryKind>& kinds,
-                                                const std::vector<absl::Status>& refused) {
+                                                const std::vector<absl::Status>& refused,
+                                                void* stream) {
   std::vector<absl::Status> out(items.size());
   std::lock_guard<std::mutex> lock(device_mu_);
-  auto dev = Device();
+  auto dev = Device(stream);
   struct Pending {
     size_t item;
     Reserved r;
@@ -1087,10 +1088,10 @@ std::vector<absl::Status> Store::DeviceBatchPut(uint32_t ns, absl::string_view n
 // entry being evicted is read on its own, as Get does.
 std::vector<absl::StatusOr<size_t>> Store::DeviceBatchGet(
     uint32_t ns, absl::Span<const GetItem> items, const std::vector<collectives::MemoryKind>& kinds,
-    const std::vector<absl::Status>& refused) {
+    const std::vector<absl::Status>& refused, void* stream) {
   std::vector<absl::StatusOr<size_t>> out(items.size(), absl::UnknownError("not run"));
   std::lock_guard<std::mutex> lock(device_mu_);
-  auto dev = Device();
+  auto dev = Device(stream);
   struct Pending {
     size_t item;
     uint32_t partition, index;

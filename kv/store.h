@@ -123,6 +123,12 @@ struct BatchOptions {
   // whose first buffer is of another kind is kInvalidArgument, GPU memory
   // where no GPU is usable kUnavailable. The rest are taken to be of it.
   std::optional<collectives::MemoryKind> memory;
+  // The stream (a cudaStream_t) whose work so far a device batch's copies
+  // start after: the producer's, when it wrote the pages on a non-blocking
+  // stream, which the legacy default stream (null, the default) does not
+  // wait for. Put and Get, and host batches, order after the legacy stream
+  // only (docs/gpu.md, "KV blocks in GPU memory").
+  void* stream = nullptr;
 };
 
 struct NamespaceStats {
@@ -279,14 +285,18 @@ class Store {
   std::vector<collectives::MemoryKind> ItemKinds(absl::Span<const Item> items,
                                                  std::optional<collectives::MemoryKind> told,
                                                  std::vector<absl::Status>* refused);
-  absl::StatusOr<collectives::DeviceEngine*> Device();  // REQUIRES: device_mu_
+  // The engine, its copies ordered after `stream`'s work so far (null:
+  // the legacy default stream). REQUIRES: device_mu_
+  absl::StatusOr<collectives::DeviceEngine*> Device(void* stream);
   std::vector<absl::Status> DeviceBatchPut(uint32_t ns, absl::string_view ns_name,
                                            absl::Span<const PutItem> items,
                                            const std::vector<collectives::MemoryKind>& kinds,
-                                           const std::vector<absl::Status>& refused);
+                                           const std::vector<absl::Status>& refused,
+                                           void* stream = nullptr);
   std::vector<absl::StatusOr<size_t>> DeviceBatchGet(
       uint32_t ns, absl::Span<const GetItem> items,
-      const std::vector<collectives::MemoryKind>& kinds, const std::vector<absl::Status>& refused);
+      const std::vector<collectives::MemoryKind>& kinds, const std::vector<absl::Status>& refused,
+      void* stream = nullptr);
   // A hit of (partition, index, gen): counted, and touched when it is ours.
   void CountHit(uint32_t ns, uint32_t partition, uint32_t index, uint64_t gen);
   void Count(std::atomic<uint64_t>* counter, uint32_t ns);

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -190,6 +191,21 @@ absl::StatusOr<std::unique_ptr<Membership>> Membership::Attach(Pool& pool,
     CXLRT_ASSIGN_OR_RETURN(std::unique_ptr<Membership> m, try_slot(i, false));
     if (m) return m;
   }
+  // None free: a slot an earlier boot of this machine left attached is this
+  // host's own, dead by the reboot; Claim takes it once its heartbeat has
+  // stood still for its lease (docs/membership.md, "Reboots").
+  for (uint32_t i = first; i < end && host_id >= 0; ++i) {
+    CXLRT_ASSIGN_OR_RETURN(HostRecord r, pool.ReadHost(i));
+    if (r.state != SlotState::kAttached || !r.owner_current || r.machine == MachineId() ||
+        !SameMachine(r.machine, MachineId())) {
+      continue;
+    }
+    auto m = try_slot(i, true);
+    if (m.ok() && *m) return m;
+    if (!m.ok()) {
+      CXLRT_LOG(kWarning) << m.status();
+    }
+  }
   return absl::ResourceExhaustedError(absl::StrCat(
       "all ", end - first, " host slots of ", pool.name(),
       host_id >= 0 ? absl::StrCat(" for host id ", host_id, " [", first, ", ", end, ")") : "",
@@ -227,8 +243,17 @@ absl::Status Membership::Claim(bool explicit_slot) {
   // an explicit claim of an attached slot is a restart only when the owner
   // ran on this machine (whose local lock this process now holds).
   auto prior = pool_.ReadHost(slot_);
-  const bool remote_owner = prior.ok() && prior->state == SlotState::kAttached &&
+  const bool other_kernel = prior.ok() && prior->state == SlotState::kAttached &&
                             prior->owner_current && prior->machine != MachineId();
+  const bool remote_owner = other_kernel && !SameMachine(prior->machine, MachineId());
+  if (explicit_slot && other_kernel && !remote_owner) {
+    // An earlier boot of this machine: its process is dead by the reboot,
+    // but nothing here proves it (the local index lock is the new
+    // kernel's). Take the slot once its heartbeat has stood still for its
+    // lease, before writing anything (this owner line's heartbeat word is
+    // the same counter); the epoch bump below fences the old incarnation.
+    CXLRT_RETURN_IF_ERROR(AwaitEarlierBoot(*prior));
+  }
   if (explicit_slot && remote_owner) {
     // Before writing anything: the owner line is the other machine's.
     return absl::FailedPreconditionError(absl::StrCat(
@@ -387,6 +412,33 @@ void Membership::StopHeartbeat() {
   }
   hb_cv_.notify_all();
   if (hb_thread_.joinable()) hb_thread_.join();
+}
+
+absl::Status Membership::AwaitEarlierBoot(const HostRecord& prior) {
+  const absl::Duration lease = LeaseOf(prior);
+  const absl::Time deadline = absl::Now() + lease + lock_timeout_;
+  const absl::Duration step = std::max(absl::Milliseconds(1), std::min(heartbeat_, lease / 10));
+  for (;;) {
+    auto now = pool_.ReadHost(slot_);
+    CXLRT_RETURN_IF_ERROR(now.status());
+    // Fenced, freed or re-claimed meanwhile: Claim decides on what it is now.
+    if (now->state != SlotState::kAttached || now->epoch != prior.epoch) return absl::OkStatus();
+    if (Observe(slot_, prior.epoch) > lease) {
+      CXLRT_LOG(kWarning) << "host slot " << slot_ << " of " << pool_.name()
+                          << " is attached by pid " << prior.pid << " of an earlier boot of this "
+                          << "machine, silent for its lease: taking it back";
+      return absl::OkStatus();
+    }
+    if (absl::Now() > deadline) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "host slot ", slot_, " of ", pool_.name(), " is attached by pid ", prior.pid, " on ",
+          prior.hostname, ", another boot of this machine, whose heartbeat still moved within ",
+          absl::FormatDuration(lease + lock_timeout_),
+          "; a second kernel with this machine's identity (a cloned /etc/machine-id and host "
+          "name?) needs its own CXLRT_HOST_ID"));
+    }
+    absl::SleepFor(step);
+  }
 }
 
 absl::Duration Membership::Observe(uint32_t j, uint64_t epoch) {

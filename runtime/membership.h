@@ -142,6 +142,11 @@ class Membership {
   // Samples slot `j`'s heartbeat and returns for how long it has not moved.
   absl::Duration Observe(uint32_t j, uint64_t epoch);
   absl::Duration LeaseOf(const HostRecord& r) const;
+  // Claim of a slot that `prior`, of an earlier boot of this machine,
+  // holds: waits until its heartbeat has stood still for its lease (or the
+  // slot changed); kFailedPrecondition when it still moves past the lease
+  // and the lock timeout.
+  absl::Status AwaitEarlierBoot(const HostRecord& prior);
   absl::StatusOr<HostView> ViewOf(const HostRecord& r);
 
   Pool& pool_;

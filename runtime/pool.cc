@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -404,19 +405,31 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::Open(absl::string_view uri_text) {
 
 uint64_t MachineId() {
   static const uint64_t id = [] {
-    std::string boot = "no-boot-id";
-    if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
-      char buf[64] = {};
-      if (std::fgets(buf, sizeof(buf), f)) boot = buf;
-      std::fclose(f);
-    }
+    // Every read has a fallback: an identity is never missing, only less
+    // specific.
+    auto first_line = [](const char* path, const char* fallback) {
+      std::string out = fallback;
+      if (FILE* f = std::fopen(path, "r")) {
+        char buf[128] = {};
+        if (std::fgets(buf, sizeof(buf), f)) out = buf;
+        std::fclose(f);
+      }
+      return out;
+    };
+    std::string boot = first_line("/proc/sys/kernel/random/boot_id", "no-boot-id");
+    // Tests stand in for a reboot (docs/membership.md, "Reboots").
+    if (const char* b = std::getenv("CXLRT_TEST_BOOT_ID"); b && *b) boot = b;
+    const std::string machine = first_line("/etc/machine-id", "no-machine-id");
     char host[256] = {};
     if (gethostname(host, sizeof(host) - 1) != 0) host[0] = 0;
-    const std::string both = absl::StrCat(boot, "/", host);
-    // Two CRC-32Cs of different seeds: 64 bits, so that two machines of one
-    // pool collide with probability 2^-64 per pair, not by name.
-    const uint64_t id = uint64_t{Crc32c(both.data(), both.size())} << 32 |
-                        Crc32c(both.data(), both.size(), 0x9e3779b9u);
+    // High half: the machine (its installation's id and full host name),
+    // the same across reboots. Low half: this boot of it. Two CRC-32Cs of
+    // different seeds, so that two kernels of one pool collide with
+    // probability 2^-64 per pair, not by name.
+    const std::string who = absl::StrCat(machine, "/", host);
+    const std::string when = absl::StrCat(boot, "/", host);
+    const uint64_t id = uint64_t{Crc32c(who.data(), who.size())} << 32 |
+                        Crc32c(when.data(), when.size(), 0x9e3779b9u);
     return id == 0 ? 1 : id;
   }();
   return id;

@@ -45,11 +45,14 @@ struct HostRecord {
   std::string hostname;
 };
 
-// This running machine's identity: a 64-bit hash of the kernel's boot id
-// (/proc/sys/kernel/random/boot_id) and the full host name. Processes with
-// equal ids share one kernel, so its local locks (fcntl) are meaningful
-// between them; never 0.
+// This running machine's identity, never 0: the high 32 bits hash the
+// machine (/etc/machine-id and the full host name), the low 32 bits this
+// boot of it (/proc/sys/kernel/random/boot_id, or CXLRT_TEST_BOOT_ID, and
+// the host name). Processes with equal ids share one kernel, so its local
+// locks (fcntl) are meaningful between them.
 uint64_t MachineId();
+// Whether two MachineId()s are of one machine, maybe of different boots.
+inline bool SameMachine(uint64_t a, uint64_t b) { return a >> 32 == b >> 32; }
 
 struct RegionInfo {
   uint32_t index = 0;

@@ -363,6 +363,35 @@ class CudaEngine final : public DeviceEngine {
     }
   }
 
+  // Every stream of the engine idle: its copies into the pool (a
+  // communicator's slots, post lines under CXLRT_CUDA_DOORBELL=copy) and
+  // into the caller's buffers have landed. A stream that reports an error
+  // runs nothing more (a sticky error ends the context's work).
+  absl::Status Drain(absl::Time deadline) override {
+    (void)cudaSetDevice(device_);
+    for (uint64_t spins = 0;; ++spins) {
+      bool busy = false;
+      for (cudaStream_t s : {to_pool_, from_pool_, compute_}) {
+        if (!s) continue;
+        const cudaError_t e = cudaStreamQuery(s);
+        if (e == cudaErrorNotReady) {
+          busy = true;
+        } else if (e != cudaSuccess) {
+          (void)cudaGetLastError();
+        }
+      }
+      if (!busy) return absl::OkStatus();
+      if (spins % 256 == 255) {
+        if (absl::Now() > deadline) {
+          return absl::DeadlineExceededError(
+              "the device's copies into the pool and the caller's buffers were still running at "
+              "the deadline");
+        }
+        sched_yield();
+      }
+    }
+  }
+
   absl::Status StartAfter(void* stream) override {
     Check(cudaSetDevice(device_), "cudaSetDevice");
     Check(cudaEventRecord(start_, static_cast<cudaStream_t>(stream)),

@@ -9,6 +9,8 @@
 #include <sched.h>
 #include <sys/mman.h>
 
+#include <algorithm>
+#include <csignal>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -1139,6 +1141,251 @@ TEST_P(CollectivesTest, AMissingRankTimesOutWithADeadline) {
         return "";
       },
       absl::Seconds(60), o, "late");
+}
+
+// A CPU engine whose copies out of the pool start late: a reader that has
+// seen a post and is slow to copy it (descheduled, or a GPU's DMA queued
+// behind others).
+class SlowReadEngine final : public CopyEngine {
+ public:
+  SlowReadEngine(runtime::Coherence& c, absl::Duration delay)
+      : cpu_(MakeCpuEngine(c)), delay_(delay) {}
+  const char* name() const override { return "slow reader (test)"; }
+  Ticket ToPool(runtime::PoolOffset dst, const void* src, size_t n) override {
+    return cpu_->ToPool(dst, src, n);
+  }
+  Ticket FromPool(void* dst, const void* pool_src, size_t n) override {
+    absl::SleepFor(delay_);
+    return cpu_->FromPool(dst, pool_src, n);
+  }
+  Ticket Copy(void* dst, const void* src, size_t n) override { return cpu_->Copy(dst, src, n); }
+  Ticket Reduce(DataType t, RedOp op, void* out, const void* const* srcs, int n, size_t count,
+                int avg_divisor) override {
+    return cpu_->Reduce(t, op, out, srcs, n, count, avg_divisor);
+  }
+  bool Poll(Ticket t) override { return cpu_->Poll(t); }
+  absl::Status Wait(Ticket t, absl::Time deadline) override { return cpu_->Wait(t, deadline); }
+
+ private:
+  std::unique_ptr<CopyEngine> cpu_;
+  const absl::Duration delay_;
+};
+
+// Issue 25, defect 6: the root of a broadcast returns once its post is out,
+// aborts and destroys its communicator, and its pool memory goes to the
+// next allocation, filled with a pattern, while the reader (rank 0, slow
+// to copy) still has the post to read. The reader must get the root's
+// bytes or an error, never OK with the pattern (it got OK with 0 of
+// 131,072 elements right when the root's Destroy freed its slots at once).
+TEST_P(CollectivesTest, AnAbortedRootKeepsItsSlotsUntilTheReaderHasReadThem) {
+  constexpr size_t kCount = 131072;
+  engine_factory_ = [](runtime::Coherence& c, int r) -> std::unique_ptr<CopyEngine> {
+    if (r != 0) return nullptr;
+    return std::make_unique<SlowReadEngine>(c, absl::Milliseconds(500));
+  };
+  CommOptions o;
+  o.slot_bytes = 1 << 20;
+  o.timeout = absl::Seconds(20);
+  RunRanks(
+      2,
+      [&](Communicator& comm, allocator::Allocator& alloc) -> std::string {
+        std::vector<float> buf(kCount);
+        if (comm.rank() == 1) {
+          for (size_t i = 0; i < kCount; ++i) buf[i] = static_cast<float>(i + 1);
+          absl::Status s = comm.Broadcast(buf.data(), buf.data(), kCount, DataType::kFloat32, 1);
+          if (!s.ok()) return "root's Broadcast: " + s.ToString();
+          const std::vector<PoolOffset> slots = comm.slots();
+          comm.Abort();
+          absl::Status d = comm.Destroy();
+          if (!d.ok()) return "root's Destroy after its Abort: " + d.ToString();
+          // The next allocations, filled with a pattern: the allocator hands
+          // back a freed slot first.
+          runtime::Coherence& c = alloc.pool().coherence();
+          std::vector<uint8_t> pattern(o.slot_bytes, 0xEE);
+          std::vector<PoolOffset> mine;
+          size_t reused = 0;
+          for (int k = 0; k < 32 && reused < slots.size(); ++k) {
+            auto got = alloc.Allocate(o.slot_bytes, {.alignment = 4096});
+            if (!got.ok()) break;
+            mine.push_back(*got);
+            c.CopyToPool(*got, pattern.data(), pattern.size());
+            reused += std::find(slots.begin(), slots.end(), *got) != slots.end();
+          }
+          absl::SleepFor(absl::Seconds(1));  // the reader has read by then
+          for (PoolOffset m : mine) (void)alloc.Free(m);
+          return "";
+        }
+        absl::Status s = comm.Broadcast(nullptr, buf.data(), kCount, DataType::kFloat32, 1);
+        std::string err;
+        if (s.ok()) {
+          size_t right = 0;
+          for (size_t i = 0; i < kCount; ++i) right += buf[i] == static_cast<float>(i + 1);
+          if (right != kCount) {
+            err = absl::StrCat("the reader's Broadcast returned OK with ", right, " of ", kCount,
+                               " elements right");
+          }
+        }
+        (void)comm.Destroy();  // the root aborted: its barrier fails
+        return err;
+      },
+      absl::Seconds(60), o, "reused");
+}
+
+// Issue 25, suspected: a call that fails returns only once its engine's
+// copies have ended (they write the caller's buffers and this rank's
+// slots), and Destroy frees the slots only once the engine is drained. The
+// late engine leaves copies pending as a GPU's streams do; after the
+// failed call none may remain, and none may write the slots' next owner.
+TEST_P(CollectivesTest, AFailedCallAndDestroyDrainTheEngineBeforeTheBuffersAndSlotsGo) {
+  LateEngine* mine = nullptr;  // in each rank's process
+  engine_factory_ = [&](runtime::Coherence& c, int r) -> std::unique_ptr<CopyEngine> {
+    auto e = std::make_unique<LateEngine>(c, 77 + r, /*device_like=*/true);
+    e->RunOnlyWhenWaited();
+    mine = e.get();
+    return e;
+  };
+  CommOptions o;
+  o.slot_bytes = 8192;
+  o.timeout = absl::Seconds(20);
+  RunRanks(
+      2,
+      [&](Communicator& comm, allocator::Allocator& alloc) -> std::string {
+        // Different counts: the first post each rank checks is a mismatch,
+        // with the chunks after it posted ahead and still copying.
+        const size_t count = comm.rank() == 0 ? 100000 : 100016;
+        std::vector<float> x(count, 1.0f), y(count);
+        absl::Status s = comm.AllReduce(x.data(), y.data(), count, DataType::kFloat32, RedOp::kSum);
+        if (s.code() != absl::StatusCode::kInvalidArgument) return "no mismatch: " + s.ToString();
+        std::string err;
+        if (mine->pending() != 0) {
+          err = absl::StrCat(mine->pending(),
+                             " copies of the failed call were still pending when it returned; ");
+        }
+        const std::vector<PoolOffset> slots = comm.slots();
+        absl::Status d = comm.Destroy();
+        if (!d.ok()) return err + "Destroy: " + d.ToString();
+        if (mine->pending() != 0) {
+          absl::StrAppend(&err, mine->pending(),
+                          " copies were still pending when Destroy freed the slots; ");
+        }
+        // The slots' next owner fills them; then whatever the engine still
+        // had runs (a GPU's copies land whenever they land).
+        runtime::Coherence& c = alloc.pool().coherence();
+        std::vector<uint8_t> pattern(o.slot_bytes, 0xEE), got(o.slot_bytes);
+        std::vector<PoolOffset> next;
+        for (size_t k = 0; k < 2 * slots.size(); ++k) {
+          auto b = alloc.Allocate(o.slot_bytes, {.alignment = 4096});
+          if (!b.ok()) return b.status().ToString();
+          next.push_back(*b);
+          c.CopyToPool(*b, pattern.data(), pattern.size());
+        }
+        (void)mine->Drain(absl::InfiniteFuture());
+        for (PoolOffset b : next) {
+          c.Fetch(got.data(), b, got.size());
+          if (got != pattern) {
+            absl::StrAppend(&err, "a copy of the failed call wrote the block at 0x", absl::Hex(b),
+                            " after Destroy freed it; ");
+          }
+          (void)alloc.Free(b);
+        }
+        return err;
+      },
+      absl::Seconds(60), o, "drained");
+}
+
+// Issue 25, defect 5: a job whose rank 0 was killed leaves its block with
+// a dead maker, and its rank 1 alive. A new job's rank 0 must not re-make
+// the block while that rank lives (its next call writes its post and
+// abort lines into the block), and names it; once it has aborted, the
+// block is taken.
+TEST_P(CollectivesTest, AStaleBlockIsNotRemadeWhileARankOfTheOldJobLives) {
+  struct Shared {
+    int a1_joined, go, a1_done, b_tried;
+    char a1_status[256], b0_status[512];
+  };
+  auto* sh = static_cast<Shared*>(
+      mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(sh, MAP_FAILED);
+  std::memset(sh, 0, sizeof(Shared));
+  auto await = [](const int* flag, int want) {
+    const absl::Time end = absl::Now() + absl::Seconds(60);
+    while (__atomic_load_n(flag, __ATOMIC_ACQUIRE) < want && absl::Now() < end) {
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    return __atomic_load_n(flag, __ATOMIC_ACQUIRE) >= want;
+  };
+  CommOptions old_job;
+  old_job.timeout = absl::Seconds(20);
+  const pid_t a0 = Spawn([&]() -> int {
+    auto h = OpenRankHost(uri_);
+    if (!h.ok()) return 2;
+    auto comm = Communicator::Create(*h->alloc, "stale", 2, 0, old_job);
+    if (!comm.ok() || !await(&sh->a1_joined, 1)) return 3;
+    raise(SIGKILL);  // dies without leaving
+    return 4;
+  });
+  const pid_t a1 = Spawn([&]() -> int {
+    // A long lease: a heartbeat starved on a loaded machine must not make
+    // this live rank look dead to the new job.
+    auto h = OpenRankHost(uri_, absl::Seconds(4));
+    if (!h.ok()) return 2;
+    auto comm = Communicator::Create(*h->alloc, "stale", 2, 1, old_job);
+    if (!comm.ok()) return 3;
+    __atomic_store_n(&sh->a1_joined, 1, __ATOMIC_RELEASE);
+    if (!await(&sh->go, 1)) return 4;  // idle meanwhile: joined, alive
+    int64_t x = 1, y = 0;
+    absl::Status s = (*comm)->AllReduce(&x, &y, 1, DataType::kInt64, RedOp::kSum);
+    std::snprintf(sh->a1_status, sizeof(sh->a1_status), "%s", s.ToString().c_str());
+    (*comm)->Abort();
+    (void)(*comm)->Destroy();
+    __atomic_store_n(&sh->a1_done, 1, __ATOMIC_RELEASE);
+    return s.code() == absl::StatusCode::kAborted ? 0 : 5;
+  });
+  EXPECT_EQ(WaitExit(a0, absl::Seconds(60)), 128 + SIGKILL);
+  CommOptions new_job;
+  new_job.timeout = absl::Seconds(5);  // past rank 0's lease: its block is stale by then
+  std::vector<pid_t> b;
+  for (int r = 0; r < 2; ++r) {
+    b.push_back(Spawn([&, r]() -> int {
+      auto h = OpenRankHost(uri_);
+      if (!h.ok()) return 2;
+      auto comm = Communicator::Create(*h->alloc, "stale", 2, r, new_job);
+      if (r == 0) {
+        std::snprintf(sh->b0_status, sizeof(sh->b0_status), "%s", comm.status().ToString().c_str());
+      }
+      __atomic_add_fetch(&sh->b_tried, 1, __ATOMIC_ACQ_REL);
+      if (!comm.ok()) return 10;
+      // The old rank's call comes while this instance lives.
+      if (!await(&sh->a1_done, 1)) return 11;
+      int64_t x = 10 + r, y = 0;
+      absl::Status s = (*comm)->AllReduce(&x, &y, 1, DataType::kInt64, RedOp::kSum);
+      return s.ok() && y == 21 ? 0 : 12;
+    }));
+  }
+  EXPECT_TRUE(await(&sh->b_tried, 2));
+  __atomic_store_n(&sh->go, 1, __ATOMIC_RELEASE);
+  const int b0 = WaitExit(b[0], absl::Seconds(60));
+  EXPECT_EQ(WaitExit(b[1], absl::Seconds(60)), 10);
+  EXPECT_EQ(b0, 10) << "the new job's rank 0 re-made the block while rank 1 of the old job was "
+                       "alive (exit "
+                    << b0
+                    << "; 12: the old rank's call then broke the new instance): " << sh->b0_status;
+  const std::string said = sh->b0_status;
+  EXPECT_NE(said.find("ALREADY_EXISTS"), std::string::npos) << said;
+  EXPECT_NE(said.find("rank 1"), std::string::npos) << said;
+  EXPECT_NE(said.find(absl::StrCat("pid ", a1)), std::string::npos) << said;
+  EXPECT_EQ(WaitExit(a1, absl::Seconds(60)), 0) << sh->a1_status;
+  munmap(sh, 4096);
+  // The old rank aborted and left: a new job takes the block.
+  RunRanks(
+      2,
+      [](Communicator& comm, allocator::Allocator&) -> std::string {
+        int64_t x = 10 + comm.rank(), y = 0;
+        absl::Status s = comm.AllReduce(&x, &y, 1, DataType::kInt64, RedOp::kSum);
+        if (!s.ok()) return s.ToString();
+        return y == 21 ? "" : absl::StrCat("AllReduce gave ", y);
+      },
+      absl::Seconds(60), {}, "stale");
 }
 
 // Issue 13, defects 2-4: communicators of one name created, used,

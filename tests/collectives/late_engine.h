@@ -79,16 +79,31 @@ class LateEngine final : public CopyEngine {
       if (count) collectives::Reduce(t, op, out, s.data(), n, count, avg_divisor);
     });
   }
+  // From now on Poll runs nothing and Wait(t) runs only t: an operation
+  // runs only when Wait or Drain asks for it (a GPU whose copies are all still in flight when the
+  // host looks).
+  void RunOnlyWhenWaited() { lazy_ = true; }
   bool Poll(Ticket t) override {
     if (t >= fail_from_) return false;
-    if (!pending_.empty() && rng_() % 3 == 0) RunOne();
+    if (!lazy_ && !pending_.empty() && rng_() % 3 == 0) RunOne();
     return !pending_.count(t);
   }
   absl::Status Wait(Ticket t, absl::Time) override {
     if (t >= fail_from_) return failure();
+    if (lazy_) RunTicket(t);
     while (pending_.count(t)) RunOne();
     return absl::OkStatus();
   }
+
+  // Runs every pending operation that will ever run (a failed engine's
+  // never do), as a GPU's streams finish their queued copies.
+  absl::Status Drain(absl::Time) override {
+    while (!pending_.empty()) RunOne();
+    return absl::OkStatus();
+  }
+  // Operations submitted and not yet run (they run at a later Poll, Wait or
+  // Drain: a GPU's copies still in flight).
+  size_t pending() const { return pending_.size(); }
 
   // Operations run so far, and the most that were pending at once.
   uint64_t ran() const { return ran_; }
@@ -120,6 +135,7 @@ class LateEngine final : public CopyEngine {
   std::mt19937 rng_;
   const bool device_like_;
   const bool publishes_;
+  bool lazy_ = false;
   uint64_t published_ = 0;
   Ticket fail_from_ = UINT64_MAX;
   Ticket next_ = 0;

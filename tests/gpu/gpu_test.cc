@@ -436,6 +436,51 @@ TEST_P(GpuTest, StreamOrderedCallsNeedNoHostSync) {
   });
 }
 
+// Issue 25 (suspected): a device batch ordered its copies after the legacy
+// default stream only, which does not wait for a non-blocking stream: a
+// producer there still writing the pages had its stale bytes put and
+// sealed. BatchOptions::stream orders the batch after the producer's
+// stream, with no host synchronisation between.
+TEST_P(GpuTest, AKvBatchPutStartsAfterItsProducersNonBlockingStream) {
+  SKIP_WITHOUT_GPU();
+  RunRanks(2, [](int r, Communicator& comm, allocator::Allocator& alloc) -> std::string {
+    auto store = kv::Store::Open(alloc, {.create = true});
+    if (!store.ok()) return store.status().ToString();
+    if (r == 0) {
+      constexpr size_t kBytes = 1 << 20;
+      auto stream = collectives::StreamCreate();  // non-blocking
+      if (!stream.ok()) return stream.status().ToString();
+      auto dev = collectives::DeviceAlloc(kBytes);
+      if (!dev.ok()) return dev.status().ToString();
+      std::vector<uint8_t> zero(kBytes, 0), back(kBytes);
+      if (!collectives::DeviceCopy(*dev, zero.data(), kBytes).ok()) return "zero";
+      // The producer writes the page 200 ms late on its stream.
+      absl::Status filled = collectives::FillPatternAsync(*dev, kBytes / 4, 9, 200000, *stream);
+      if (!filled.ok()) return filled.ToString();
+      kv::BatchOptions o;
+      o.stream = *stream;
+      std::vector<kv::PutItem> items = {{"late", *dev, kBytes, {}}};
+      for (const absl::Status& s : (*store)->BatchPut("gpu-stream", items, o)) {
+        if (!s.ok()) return "BatchPut: " + s.ToString();
+      }
+      auto got = (*store)->Get("gpu-stream", "late", back.data(), kBytes);
+      if (!got.ok()) return "Get: " + got.status().ToString();
+      for (size_t i = 0; i < kBytes / 4; ++i) {
+        uint32_t w;
+        std::memcpy(&w, back.data() + 4 * i, 4);
+        if (w != collectives::PatternWord(9, i)) {
+          return absl::StrCat("word ", i, " of the put page is ", w,
+                              ": the put copied it before its producer's stream wrote it");
+        }
+      }
+      (void)collectives::StreamSynchronize(*stream);
+      collectives::StreamDestroy(*stream);
+      collectives::DeviceFree(*dev);
+    }
+    return comm.Barrier().ToString() == "OK" ? "" : "final barrier";
+  });
+}
+
 TEST_P(GpuTest, KvBlocksPutFromDeviceMemoryAreGotIntoDeviceMemoryByAnotherHost) {
   SKIP_WITHOUT_GPU();
   RunRanks(2, [](int r, Communicator& comm, allocator::Allocator& alloc) -> std::string {

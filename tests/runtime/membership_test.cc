@@ -543,7 +543,7 @@ TEST_P(MembershipTest, AnAbsurdHeartbeatInThePoolNeitherHangsDestroyNorPassesThe
 TEST_P(MembershipTest, AHostOfTheSameNameOnAnotherMachineIsNotTakenForALocalOne) {
   const std::string uri = MakePool();
   const uint32_t slot = AttachDamageAndDie(
-      uri, [](HostOwnerLineLayout& o) { o.machine = MachineId() ^ 0x5a5a; }, 3);
+      uri, [](HostOwnerLineLayout& o) { o.machine = MachineId() ^ (uint64_t{0x5a5a} << 32); }, 3);
   ASSERT_EQ(slot, 3u);
   auto pool = Pool::Open(uri);
   CXLRT_ASSERT_OK(pool);
@@ -556,6 +556,40 @@ TEST_P(MembershipTest, AHostOfTheSameNameOnAnotherMachineIsNotTakenForALocalOne)
   ASSERT_EQ(again, 4u);
   auto m4 = Membership::Attach(**pool, Fast(4));
   CXLRT_EXPECT_OK(m4);
+}
+
+// Issue 25 (suspected): after a reboot, a host restarts into the slot its
+// earlier boot left attached (by number, or by its CXLRT_HOST_ID's range
+// of one slot). The owner line names this machine (the id's high half) but
+// another boot (the low half): nothing local proves the old process gone,
+// but the reboot did, so the slot is taken back once its heartbeat has
+// stood still for its lease, at the next epoch (fencing the old
+// incarnation's records). It was refused as "another machine" before.
+TEST_P(MembershipTest, ARebootedHostTakesItsSlotBackOnceItsLeaseHasRunOut) {
+  const std::string uri = MakePool();
+  auto earlier_boot = [](HostOwnerLineLayout& o) { o.machine = MachineId() ^ 0x5a5a; };
+  auto pool = Pool::Open(uri);
+  CXLRT_ASSERT_OK(pool);
+  for (bool by_host_id : {false, true}) {
+    SCOPED_TRACE(by_host_id ? "CXLRT_HOST_ID 5, one slot per host" : "slot 3 by number");
+    const uint32_t want = by_host_id ? 5 : 3;
+    ASSERT_EQ(AttachDamageAndDie(uri, earlier_boot, want), want);
+    auto before = (*pool)->ReadHost(want);
+    CXLRT_ASSERT_OK(before);
+    ASSERT_EQ(before->state, SlotState::kAttached);
+    AttachOptions o = Fast(by_host_id ? std::nullopt : std::optional<uint32_t>(want));
+    if (by_host_id) {
+      o.host_id = 5;
+      o.slots_per_host = 1;
+    }
+    const absl::Time start = absl::Now();
+    auto m = Membership::Attach(**pool, o);
+    CXLRT_ASSERT_OK(m);
+    EXPECT_EQ((*m)->slot(), want);
+    EXPECT_GE(absl::Now() - start, kLease * 4 / 5) << "taken before its lease ran out";
+    EXPECT_EQ((*m)->epoch(), before->epoch + 1);
+    CXLRT_EXPECT_OK((*m)->Detach());
+  }
 }
 
 // Issue 13, defect 11, the pool lock: a host of another machine that died
