@@ -855,6 +855,49 @@ absl::Status Communicator::AllToAll(const void* send, void* recv, size_t count, 
              [=](algorithms::Call& c) { return algorithms::AllToAll(c, send, recv, count); });
 }
 
+absl::Status Communicator::AllToAllV(const void* send, absl::Span<const size_t> send_counts,
+                                     absl::Span<const size_t> send_displs, void* recv,
+                                     absl::Span<const size_t> recv_counts,
+                                     absl::Span<const size_t> recv_displs, DataType type,
+                                     void* stream) {
+  const size_t n = static_cast<size_t>(nranks_);
+  if (send_counts.size() != n || send_displs.size() != n || recv_counts.size() != n ||
+      recv_displs.size() != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AllToAllV on rank ", rank_, " of ", name_, ": counts and displacements need ",
+                     n, " entries each, got ", send_counts.size(), ", ", send_displs.size(), ", ",
+                     recv_counts.size(), ", ", recv_displs.size()));
+  }
+  // The extents each buffer is read or written in.
+  const size_t es = SizeOf(type);
+  auto extent = [](absl::Span<const size_t> counts, absl::Span<const size_t> displs) {
+    size_t lo = SIZE_MAX, hi = 0;
+    for (size_t j = 0; j < counts.size(); ++j) {
+      if (counts[j] == 0) continue;
+      lo = std::min(lo, displs[j]);
+      hi = std::max(hi, displs[j] + counts[j]);
+    }
+    return std::pair(lo, hi);
+  };
+  const auto [slo, shi] = extent(send_counts, send_displs);
+  const auto [rlo, rhi] = extent(recv_counts, recv_displs);
+  const auto* sb = static_cast<const uint8_t*>(send);
+  const auto* rb = static_cast<const uint8_t*>(recv);
+  if (slo < shi && rlo < rhi && sb + slo * es < rb + rhi * es && rb + rlo * es < sb + shi * es) {
+    // A peer's piece would overwrite bytes this rank has yet to post.
+    return absl::InvalidArgumentError(
+        absl::StrCat("AllToAllV on rank ", rank_, " of ", name_,
+                     ": the send and receive buffers overlap (in place is not supported)"));
+  }
+  // Copies: an asynchronous call runs after the caller's spans are gone.
+  std::vector<size_t> sc(send_counts.begin(), send_counts.end()),
+      sd(send_displs.begin(), send_displs.end()), rc(recv_counts.begin(), recv_counts.end()),
+      rd(recv_displs.begin(), recv_displs.end());
+  return Run(
+      CollKind::kAllToAllV, type, RedOp::kSum, 0, -1, send, recv, stream,
+      [=](algorithms::Call& c) { return algorithms::AllToAllV(c, send, sc, sd, recv, rc, rd); });
+}
+
 absl::Status Communicator::Barrier() {
   Quiesce();
   return RunNow(CollKind::kBarrier, DataType::kUint8, RedOp::kSum, 0, -1, nullptr, nullptr, nullptr,

@@ -37,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "allocator/allocator.h"
 #include "collectives/algorithms/algorithm.h"
 #include "collectives/comm_layout.h"
@@ -151,6 +152,19 @@ class Communicator {
                        void* stream = nullptr);
   absl::Status AllToAll(const void* send, void* recv, size_t count, DataType type,
                         void* stream = nullptr);
+  // Uneven all-to-all (MPI_Alltoallv): this rank sends send_counts[j]
+  // elements from send + send_displs[j] to rank j, and receives
+  // recv_counts[j] elements from rank j at recv + recv_displs[j] (counts and
+  // displacements in elements, one per rank; zeros allowed). Rank i's
+  // send_counts[j] must equal rank j's recv_counts[i]: the ranks exchange
+  // their counts first, so a mismatch is kInvalidArgument naming both ranks,
+  // on every rank. One round more than AllToAll (the counts); pieces are
+  // copied through the slots (never posted in place).
+  // kInvalidArgument: spans not of size() entries, or send and recv overlap.
+  absl::Status AllToAllV(const void* send, absl::Span<const size_t> send_counts,
+                         absl::Span<const size_t> send_displs, void* recv,
+                         absl::Span<const size_t> recv_counts, absl::Span<const size_t> recv_displs,
+                         DataType type, void* stream = nullptr);
   absl::Status Barrier();
   // Asynchronous mode: waits until every queued call has run; returns the
   // first error one of them met (OK in synchronous mode).

@@ -40,9 +40,12 @@ absl::Status Transport::EndCall(bool in_place) {
 
 std::string Transport::Describe(const CallDesc& d) const {
   const auto kind = static_cast<CollKind>(d.kind);
-  std::string s = absl::StrCat(CollKindName(kind), "(count=", d.count);
+  // AllToAllV's counts differ per rank (its first post carries them): no count.
+  std::string s = absl::StrCat(CollKindName(kind), "(");
+  if (kind != CollKind::kAllToAllV) absl::StrAppend(&s, "count=", d.count);
   if (kind != CollKind::kBarrier) {
-    absl::StrAppend(&s, ", ", DataTypeName(static_cast<DataType>(d.type)));
+    absl::StrAppend(&s, kind == CollKind::kAllToAllV ? "" : ", ",
+                    DataTypeName(static_cast<DataType>(d.type)));
   }
   if (kind == CollKind::kAllReduce || kind == CollKind::kReduce ||
       kind == CollKind::kReduceScatter) {

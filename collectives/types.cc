@@ -232,6 +232,8 @@ const char* CollKindName(CollKind k) {
       return "AllToAll";
     case CollKind::kBarrier:
       return "Barrier";
+    case CollKind::kAllToAllV:
+      return "AllToAllV";
   }
   return "?";
 }

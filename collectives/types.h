@@ -66,6 +66,7 @@ enum class CollKind : uint8_t {
   kScatter,
   kAllToAll,
   kBarrier,
+  kAllToAllV,  // uneven all-to-all: counts and displacements per peer
 };
 const char* CollKindName(CollKind k);
 

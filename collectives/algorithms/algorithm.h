@@ -107,6 +107,11 @@ absl::Status Gather(Call& c, const void* send, void* recv, size_t sendcount, int
 absl::Status Broadcast(Call& c, const void* send, void* recv, size_t count, int root);
 absl::Status Scatter(Call& c, const void* send, void* recv, size_t recvcount, int root);
 absl::Status AllToAll(Call& c, const void* send, void* recv, size_t count);
+// Counts and displacements in elements, one per rank (Communicator::AllToAllV).
+absl::Status AllToAllV(Call& c, const void* send, const std::vector<size_t>& send_counts,
+                       const std::vector<size_t>& send_displs, void* recv,
+                       const std::vector<size_t>& recv_counts,
+                       const std::vector<size_t>& recv_displs);
 absl::Status Barrier(Call& c);
 
 }  // namespace cxlrt::collectives::algorithms

@@ -13,7 +13,11 @@ the pages into a staging buffer, then put it; get it, then scatter) and
 beside values of the same size that are in one buffer already.
 
 python -m cxlrt.bench torch: the torch.distributed "cxlrt" backend's
-all_reduce busbw beside Gloo's, 2 ranks, 64 KiB - 64 MiB (needs torch).
+all_reduce beside Gloo's, 2 ranks, 64 KiB - 64 MiB (needs torch): busbw, and
+the time of one call beside torch's own dispatch floor, the built-in "fake"
+backend's (a group that does no communication) in the same processes:
+cxlrt/fake is the backend's overhead as a multiple of torch's (issue 25
+asks for at most 2 from 8 B to 64 KiB: `-b 8 -e 64K`).
 
 Both print this machine's memcpy bandwidth (numpy copy) so the figures read
 as ratios."""
@@ -196,38 +200,50 @@ def bench_paged(layers: int, page: int, batch: int, reps: int, as_json: bool) ->
     return 0
 
 
-def _torch_rank(rank, world, sizes, iters, warmup, init, q):
+def _torch_rank(rank, world, sizes, iters, reps, warmup, init, q):
     import torch
     import torch.distributed as dist
+
+    # Registers torch's "fake" backend (its dispatch floor: no communication).
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401
 
     from . import torch_backend  # noqa: F401
 
     torch.set_num_threads(1)  # as torchrun does: one core per rank, no spinning helpers
     dist.init_process_group("cxlrt", init_method=init, rank=rank, world_size=world)
     gloo = dist.new_group(backend="gloo")
+    fake = dist.new_group(backend="fake")
     rows = []
     for nbytes in sizes:
-        t = torch.ones(nbytes // 4, dtype=torch.float32)
+        t = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
         row = {"bytes": nbytes}
-        for name, group in (("cxlrt", None), ("gloo", gloo)):
+        for name, group in (("cxlrt", None), ("gloo", gloo), ("fake", fake)):
             for _ in range(warmup):
                 dist.all_reduce(t, group=group)
+            # Batches of back-to-back calls (nccl-tests' way): a barrier before
+            # every call would time how soon the peer is scheduled again, which
+            # on a shared 2-core machine is most of a small call's time.
             samples = []
-            for _ in range(iters):
+            for _ in range(reps):
                 dist.barrier(group=group)
                 t0 = time.perf_counter()
-                dist.all_reduce(t, group=group)
-                samples.append(time.perf_counter() - t0)
+                for _ in range(iters):
+                    dist.all_reduce(t, group=group)
+                samples.append((time.perf_counter() - t0) / iters)
             s = torch.tensor([statistics.median(samples)], dtype=torch.float64)
             dist.all_reduce(s, op=dist.ReduceOp.MAX)  # the slowest rank
-            row[name + "_busbw_gbps"] = nbytes / s.item() / 1e9 * 2 * (world - 1) / world
+            row[name + "_us"] = s.item() * 1e6
+            if name != "fake":
+                factor = 2 * (world - 1) / world if world > 1 else 1  # 1 rank: algbw
+                row[name + "_busbw_gbps"] = nbytes / s.item() / 1e9 * factor
         rows.append(row)
     if rank == 0:
         q.put(rows)
     dist.destroy_process_group()
 
 
-def bench_torch(lo: int, hi: int, iters: int, warmup: int, as_json: bool) -> int:
+def bench_torch(lo: int, hi: int, iters: int, reps: int, warmup: int, as_json: bool,
+                world: int = 2) -> int:
     import tempfile
 
     import torch.multiprocessing as tmp
@@ -244,8 +260,8 @@ def bench_torch(lo: int, hi: int, iters: int, warmup: int, as_json: bool) -> int
         init = f"file://{d}/rendezvous"
         ctx = tmp.get_context("spawn")
         q = ctx.Queue()
-        procs = [ctx.Process(target=_torch_rank, args=(r, 2, sizes, iters, warmup, init, q))
-                 for r in range(2)]
+        procs = [ctx.Process(target=_torch_rank, args=(r, world, sizes, iters, reps, warmup, init, q))
+                 for r in range(world)]
         for p in procs:
             p.start()
         rows = q.get(timeout=1800)
@@ -254,16 +270,23 @@ def bench_torch(lo: int, hi: int, iters: int, warmup: int, as_json: bool) -> int
     for r in rows:
         r["memcpy_gbps"] = memcpy
         r["cxlrt_over_gloo"] = r["cxlrt_busbw_gbps"] / r["gloo_busbw_gbps"]
+        r["cxlrt_over_fake"] = r["cxlrt_us"] / r["fake_us"]
     if as_json:
         for r in rows:
             print(json.dumps(r))
         return 0
-    print(f"# python -m cxlrt.bench torch: all_reduce of float32, 2 ranks, medians of {iters}; "
+    print(f"# python -m cxlrt.bench torch: all_reduce of float32, {world} ranks, medians of {reps} "
+          f"batches of {iters} calls; "
           f"this machine's memcpy (numpy, 64 MiB): {memcpy:.2f} GB/s")
-    print("%10s %14s %13s %12s" % ("bytes", "cxlrt busbw", "gloo busbw", "cxlrt/gloo"))
+    print("# us: one call (the slower rank's median); fake: torch's dispatch floor (no "
+          "communication)")
+    print("%10s %12s %11s %11s %10s %9s %10s %11s" % (
+        "bytes", "cxlrt busbw", "gloo busbw", "cxlrt/gloo", "cxlrt us", "gloo us", "fake us",
+        "cxlrt/fake"))
     for r in rows:
-        print("%10d %14.2f %13.2f %12.2f" % (r["bytes"], r["cxlrt_busbw_gbps"],
-                                             r["gloo_busbw_gbps"], r["cxlrt_over_gloo"]))
+        print("%10d %12.2f %11.2f %11.2f %10.2f %9.2f %10.2f %11.2f" % (
+            r["bytes"], r["cxlrt_busbw_gbps"], r["gloo_busbw_gbps"], r["cxlrt_over_gloo"],
+            r["cxlrt_us"], r["gloo_us"], r["fake_us"], r["cxlrt_over_fake"]))
     return 0
 
 
@@ -287,15 +310,21 @@ def main(argv=None) -> int:
     pg.add_argument("--batch", type=int, default=16)
     pg.add_argument("--reps", type=int, default=5)
     pg.add_argument("--json", action="store_true")
-    tb = sub.add_parser("torch", help="torch.distributed all_reduce: cxlrt beside Gloo")
+    tb = sub.add_parser("torch", help="torch.distributed all_reduce: cxlrt beside Gloo and "
+                                      "torch's dispatch floor")
     tb.add_argument("-b", "--minbytes", default="64K")
     tb.add_argument("-e", "--maxbytes", default="64M")
-    tb.add_argument("-n", "--iters", type=int, default=20)
+    tb.add_argument("-n", "--iters", type=int, default=20, help="calls per batch")
+    tb.add_argument("-r", "--reps", type=int, default=5, help="batches (the median is shown)")
+    tb.add_argument("--ranks", type=int, default=2,
+                    help="processes; 1 times each call's software path alone (no peer to wait "
+                         "for, which on a loaded machine is most of a small call)")
     tb.add_argument("-w", "--warmup", type=int, default=5)
     tb.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     if a.what == "torch":
-        return bench_torch(_bytes(a.minbytes), _bytes(a.maxbytes), a.iters, a.warmup, a.json)
+        return bench_torch(_bytes(a.minbytes), _bytes(a.maxbytes), a.iters, a.reps, a.warmup,
+                           a.json, a.ranks)
     if a.what == "paged":
         return bench_paged(a.layers, _bytes(a.page), a.batch, a.reps, a.json)
     blocks = [_bytes(b) for b in a.block.split(",")]

@@ -227,6 +227,7 @@ std::pair<size_t, size_t> Sizes(const Case& c, int n) {
     case CollKind::kAllToAll:
       return {c.count * n, c.count * n};
     case CollKind::kBarrier:
+    case CollKind::kAllToAllV:  // its own tests (AllToAllV*): counts per pair
       return {0, 0};
   }
   return {0, 0};
@@ -316,6 +317,7 @@ std::string RunCase(Communicator& comm, const Case& c, runtime::Pool& pool) {
       s = comm.AllToAll(send, recv, c.count, c.type);
       break;
     case CollKind::kBarrier:
+    case CollKind::kAllToAllV:  // not in the matrix
       s = comm.Barrier();
       break;
   }
@@ -368,6 +370,7 @@ std::string RunCase(Communicator& comm, const Case& c, runtime::Pool& pool) {
       }
       break;
     case CollKind::kBarrier:
+    case CollKind::kAllToAllV:
       check = false;
       break;
   }
@@ -1863,6 +1866,121 @@ TEST_P(CollectivesTest, TheP2pProbesSayWhenASendFitsAndWhenARecvCanStart) {
       },
       absl::Seconds(60), o, "probes");
   munmap(sh, 4096);
+}
+
+// AllToAllV between 3 ranks: rank i sends Count(i, j, scale) elements to
+// rank j (zeros among them), from pieces with gaps in reversed order, into
+// pieces with other gaps; every element and every gap is checked. Scales
+// from all-empty through inline posts to many chunks of small slots, with
+// the CPU engine and with the late engine (copies complete late and out of
+// order).
+size_t V2Count(int i, int j, size_t scale) { return (i * 5 + j * 3 + 1) % 4 * scale; }
+
+std::string RunAllToAllV(Communicator& comm, DataType t, size_t scale) {
+  const int n = comm.size(), r = comm.rank();
+  const size_t es = SizeOf(t), gap = 3;
+  std::vector<size_t> sc(n), sd(n), rc(n), rd(n);
+  size_t stotal = gap, rtotal = 0;
+  for (int j = n - 1; j >= 0; --j) {  // send pieces in reversed order
+    sc[j] = V2Count(r, j, scale);
+    sd[j] = stotal;
+    stotal += sc[j] + gap;
+  }
+  for (int j = 0; j < n; ++j) {
+    rc[j] = V2Count(j, r, scale);
+    rd[j] = rtotal + gap;
+    rtotal += rc[j] + gap;
+  }
+  rtotal += gap;
+  std::vector<uint8_t> send(stotal * es), recv(rtotal * es, 0xa5), want(rtotal * es, 0xa5);
+  // Element k of the piece from rank i to rank j: Value(t, i * n + j, k).
+  for (int j = 0; j < n; ++j) {
+    for (size_t k = 0; k < sc[j]; ++k) Store(t, send.data(), sd[j] + k, Value(t, r * n + j, k));
+    for (size_t k = 0; k < rc[j]; ++k) Store(t, want.data(), rd[j] + k, Value(t, j * n + r, k));
+  }
+  absl::Status s = comm.AllToAllV(send.data(), sc, sd, recv.data(), rc, rd, t);
+  if (!s.ok()) return s.ToString();
+  if (recv != want) {
+    size_t b = 0;
+    while (recv[b] == want[b]) ++b;
+    return absl::StrCat("AllToAllV ", DataTypeName(t), " scale ", scale, ": byte ", b, " (element ",
+                        b / es, ") differs");
+  }
+  return "";
+}
+
+TEST_P(CollectivesTest, AllToAllVMovesUnevenPiecesIncludingEmptyOnes) {
+  for (bool late : {false, true}) {
+    SCOPED_TRACE(late ? "late engine" : "cpu engine");
+    if (late) {
+      engine_factory_ = [](runtime::Coherence& c, int r) -> std::unique_ptr<CopyEngine> {
+        return std::make_unique<LateEngine>(c, 99 + r);
+      };
+    }
+    CommOptions o;
+    o.slot_bytes = 4096;  // 3 pieces of up to 1365 B per post: large scales take many chunks
+    RunRanks(
+        3,
+        [&](Communicator& comm, allocator::Allocator&) -> std::string {
+          const uint64_t before = comm.posts();
+          for (DataType t : {DataType::kInt8, DataType::kFloat32, DataType::kFloat64}) {
+            for (size_t scale : {0, 1, 2, 7, 1000}) {
+              std::string e = RunAllToAllV(comm, t, scale);
+              if (!e.empty()) return e;
+            }
+          }
+          // 15 calls: at least 15 count posts, and tens of chunks at scale 1000.
+          if (comm.posts() - before < 40) {
+            return absl::StrCat(comm.posts() - before, " posts: the large calls did not chunk");
+          }
+          return "";
+        },
+        absl::Seconds(120), o);
+    if (HasFailure()) return;
+  }
+}
+
+TEST_P(CollectivesTest, AllToAllVCountsThatDisagreeAreAnErrorOnEveryRankNamingBoth) {
+  RunRanks(
+      3,
+      [](Communicator& comm, allocator::Allocator&) -> std::string {
+        const int r = comm.rank();
+        std::vector<float> a(30, 1.0f), b(30);
+        std::vector<size_t> counts = {4, 4, 4}, displs = {0, 10, 20};
+        std::vector<size_t> rcounts = counts;
+        if (r == 1) rcounts[0] = 5;  // rank 0 sends 4
+        absl::Status s =
+            comm.AllToAllV(a.data(), counts, displs, b.data(), rcounts, displs, DataType::kFloat32);
+        if (s.code() != absl::StatusCode::kInvalidArgument) return "no mismatch: " + s.ToString();
+        const std::string msg(s.message());
+        if (msg.find("rank 0 called AllToAllV(float32)") == std::string::npos ||
+            msg.find("sending 4 elements to rank 1 but rank 1 expects 5") == std::string::npos) {
+          return "the message does not name both ranks and counts: " + msg;
+        }
+        s = comm.Barrier();
+        if (s.code() != absl::StatusCode::kFailedPrecondition) {
+          return "an aborted communicator ran a call: " + s.ToString();
+        }
+        return "";
+      },
+      absl::Seconds(60), {}, "v-mismatch");
+  RunRanks(
+      1,
+      [](Communicator& comm, allocator::Allocator&) -> std::string {
+        std::vector<float> a(8);
+        std::vector<size_t> one = {4}, zero = {0}, two = {0, 0};
+        absl::Status s =
+            comm.AllToAllV(a.data(), one, zero, a.data() + 2, one, zero, DataType::kFloat32);
+        if (s.code() != absl::StatusCode::kInvalidArgument ||
+            std::string(s.message()).find("overlap") == std::string::npos) {
+          return "overlapping buffers: " + s.ToString();
+        }
+        s = comm.AllToAllV(a.data(), two, two, a.data() + 4, one, zero, DataType::kFloat32);
+        if (s.code() != absl::StatusCode::kInvalidArgument) return "2 counts: " + s.ToString();
+        s = comm.AllToAllV(a.data(), one, zero, a.data() + 4, one, zero, DataType::kFloat32);
+        return s.ok() ? "" : "the communicator broke: " + s.ToString();
+      },
+      absl::Seconds(60), {}, "v-args");
 }
 
 TEST_P(CollectivesTest, BadArgumentsAreRefusedWithoutTouchingTheCommunicator) {

@@ -172,6 +172,230 @@ else:
 same("send/recv", got, value(prv, 70_000, torch.float32))
 dist.barrier()
 
+# --- Parity with Gloo beyond the basic collectives (issues 25 and 31). Each
+# part runs on its own and reports its failure; all must pass. ---
+import re
+import traceback
+from datetime import timedelta
+
+TIMEOUT_PATTERN = re.compile(" (Timed out|closed|timeout) ")  # torch's, case-sensitive
+failed_parts = []
+
+
+def part(fn):
+    try:
+        fn()
+    except Exception:  # noqa: BLE001  (every part reports; the run fails at the end)
+        failed_parts.append(fn.__name__)
+        print(f"rank {rank}: {fn.__name__} FAILED:\n{traceback.format_exc()}", flush=True)
+    dist.barrier(group=gloo)  # the next part starts together, whatever happened
+    return fn
+
+
+def splits(src):
+    """Rows rank `src` sends to each rank: uneven, zeros among them."""
+    return [(src * 3 + j * 2 + 1) % 4 for j in range(n)]
+
+
+@part
+def uneven_all_to_all_single():
+    for dtype, cols, scale in ((torch.float32, 5, 1), (torch.int64, 1, 1), (torch.bfloat16, 3, 1),
+                               (torch.float64, 64, 700), (torch.int8, 7, 50)):
+        ins = [s * scale for s in splits(rank)]
+        outs = [splits(j)[rank] * scale for j in range(n)]
+
+        def a2a(g):
+            t = value(rank, sum(ins) * cols, dtype).view(-1, cols)
+            out = torch.full((sum(outs), cols), -9, dtype=dtype)
+            dist.all_to_all_single(out, t, outs, ins, group=g)
+            return out
+        got, gl = run_both(f"all_to_all_single uneven {dtype} x{scale}", a2a)
+        assert gl is not None, "Gloo could not all_to_all_single with split sizes"
+        want = []
+        for j in range(n):
+            src = [s * scale for s in splits(j)]
+            rows = value(j, sum(src) * cols, dtype).view(-1, cols)
+            want.append(rows[sum(src[:rank]):sum(src[:rank]) + src[rank]])
+        same(f"all_to_all_single uneven {dtype} x{scale} ref", got, torch.cat(want))
+    # Only the input split sizes given: the output splits evenly.
+    def a2a_in_only(g):
+        t = value(rank, 3 * n, torch.float32)
+        out = torch.empty(3 * n, dtype=torch.float32)
+        dist.all_to_all_single(out, t, None, [3] * n, group=g)
+        return out
+    run_both("all_to_all_single input splits only", a2a_in_only)
+
+
+@part
+def uneven_all_to_all_lists():
+    def count(src, dst):
+        return (src * 5 + dst * 3 + 1) % 4 * 17
+
+    def a2a(g):
+        ins = [value(rank * n + j, count(rank, j), torch.float64) for j in range(n)]
+        outs = [torch.full((count(j, rank),), -9.0, dtype=torch.float64) for j in range(n)]
+        dist.all_to_all(outs, ins, group=g)
+        return torch.cat(outs)
+    got, _ = run_both("all_to_all uneven lists", a2a)  # Gloo lacks all_to_all of lists
+    same("all_to_all uneven lists ref",
+         got, torch.cat([value(j * n + rank, count(j, rank), torch.float64) for j in range(n)]))
+
+
+@part
+def coalesced_calls():
+    sizes = (1, 0, 1000, 7)
+    for dtype in (torch.float32, torch.float64, torch.int32, torch.int64, torch.bfloat16):
+        ops = [dist.ReduceOp.SUM, dist.ReduceOp.MIN, dist.ReduceOp.MAX]
+        if dtype in (torch.float32, torch.float64, torch.int64):
+            ops.append(dist.ReduceOp.PRODUCT)
+        for op in ops:
+            def arc(g, op=op, dtype=dtype):
+                ts = [value(rank + i, c, dtype) for i, c in enumerate(sizes)]
+                dist.all_reduce_coalesced(ts, op=op, group=g)
+                return torch.cat(ts)
+            got, gl = run_both(f"all_reduce_coalesced {dtype} {op}", arc)
+            assert gl is not None, f"Gloo could not all_reduce_coalesced {dtype} {op}"
+
+        def agc(g, dtype=dtype):
+            ins = [value(rank + i, c, dtype) for i, c in enumerate(sizes)]
+            outs = [[torch.empty(c, dtype=dtype) for c in sizes] for _ in range(n)]
+            dist.all_gather_coalesced(outs, ins, group=g)
+            return torch.cat([t for lst in outs for t in lst])
+        got, gl = run_both(f"all_gather_coalesced {dtype}", agc)
+        assert gl is not None, "Gloo could not all_gather_coalesced"
+        same(f"all_gather_coalesced {dtype} ref", got,
+             torch.cat([value(r + i, c, dtype) for r in range(n) for i, c in enumerate(sizes)]))
+
+    def complex_sum(g):
+        ts = [torch.complex(value(rank, 9, torch.float32), value(rank + 1, 9, torch.float32)),
+              torch.zeros(0, dtype=torch.complex64)]
+        dist.all_reduce_coalesced(ts, group=g)
+        return torch.view_as_real(torch.cat(ts))
+    run_both("all_reduce_coalesced complex64", complex_sum)
+
+    # all_gather_into_tensor and reduce_scatter_tensor coalesced (the
+    # coalescing manager's fast path).
+    for dtype in (torch.float32, torch.int64):
+        def agit(g, dtype=dtype):
+            ins = [value(rank + i, c, dtype) for i, c in enumerate(sizes)]
+            outs = [torch.empty(n * c, dtype=dtype) for c in sizes]
+            with dist._coalescing_manager(group=g):
+                for o, t in zip(outs, ins):
+                    dist.all_gather_into_tensor(o, t, group=g)
+            return torch.cat(outs)
+        got, _ = run_both(f"all_gather_into_tensor coalesced {dtype}", agit)
+        same(f"all_gather_into_tensor coalesced {dtype} ref", got,
+             torch.cat([torch.cat([value(r + i, c, dtype) for r in range(n)])
+                        for i, c in enumerate(sizes)]))
+        for op in (dist.ReduceOp.SUM, dist.ReduceOp.MIN, dist.ReduceOp.MAX):
+            def rst(g, dtype=dtype, op=op):
+                ins = [value(rank * 10 + i, n * c, dtype) for i, c in enumerate(sizes)]
+                outs = [torch.empty(c, dtype=dtype) for c in sizes]
+                with dist._coalescing_manager(group=g):
+                    for o, t in zip(outs, ins):
+                        dist.reduce_scatter_tensor(o, t, op=op, group=g)
+                return torch.cat(outs)
+            got, _ = run_both(f"reduce_scatter_tensor coalesced {dtype} {op}", rst)  # not in Gloo
+            want = []
+            for i, c in enumerate(sizes):
+                parts = torch.stack([value(r * 10 + i, n * c, dtype)[rank * c:(rank + 1) * c]
+                                     for r in range(n)])
+                want.append(parts.sum(0) if op == dist.ReduceOp.SUM else
+                            parts.min(0).values if op == dist.ReduceOp.MIN else parts.max(0).values)
+            same(f"reduce_scatter_tensor coalesced {dtype} {op} ref", got, torch.cat(want))
+
+
+@part
+def sparse_all_reduce():
+    def sparse(r, dense_cols):
+        nnz = 0 if r == 1 else r + 2  # rank 1 has none
+        idx = torch.stack([torch.arange(nnz) % (n + 1), (torch.arange(nnz) * (r + 1)) % 4])
+        vals = value(r, nnz * dense_cols, torch.float32)
+        vals = vals.view(nnz, dense_cols) if dense_cols > 1 else vals
+        shape = (n + 1, 4, dense_cols) if dense_cols > 1 else (n + 1, 4)
+        return torch.sparse_coo_tensor(idx, vals, shape)
+    for cols in (1, 3):
+        def ar(g, cols=cols):
+            t = sparse(rank, cols)
+            dist.all_reduce(t, group=g)
+            assert t.is_sparse
+            return t.to_dense()
+        got, gl = run_both(f"sparse all_reduce cols {cols}", ar)
+        assert gl is not None, "Gloo could not all_reduce a sparse tensor"
+        same(f"sparse all_reduce cols {cols} ref", got,
+             sum(sparse(r, cols).to_dense() for r in range(n)))
+    try:
+        dist.all_reduce(sparse(rank, 1), op=dist.ReduceOp.MAX)
+        raise AssertionError("a sparse max all_reduce did not fail")
+    except ValueError as e:
+        assert "sparse" in str(e) and f"[Rank {rank}] all_reduce" in str(e), e
+    # (Other calls never reach a backend with a sparse tensor: torch's
+    # dispatcher has no sparse kernel of them, for Gloo as for cxlrt.)
+
+
+@part
+def timeout_messages():
+    # A barrier only rank 0 enters: a timeout worded as torch's backends
+    # word theirs, naming the rank and the call, on cxlrt as on Gloo.
+    # (3 s: the ranks must join within it on a loaded machine. Gloo's group
+    # connects with its default timeout and is given 3 s after.)
+    short = dist.new_group(backend="cxlrt", timeout=timedelta(seconds=3))
+    short_gloo = dist.new_group(backend="gloo")
+    dist.distributed_c10d.set_timeout(timedelta(seconds=3), short_gloo)
+    if rank == 0:
+        for name, g in (("gloo", short_gloo), ("cxlrt", short)):
+            try:
+                dist.barrier(group=g)
+                raise AssertionError(f"{name}: a barrier without the other ranks completed")
+            except RuntimeError as e:
+                msg = str(e)
+                assert TIMEOUT_PATTERN.search(msg), f"{name}: {msg!r} does not match torch's pattern"
+                if name == "cxlrt":
+                    assert "[Rank 0] barrier" in msg, msg
+    dist.barrier(group=gloo)
+    # The other ranks' communicator was aborted by rank 0's timeout: a call
+    # there fails at once, naming why.
+    if rank != 0:
+        try:
+            dist.all_reduce(torch.ones(2), group=short)
+            raise AssertionError("an all_reduce on an aborted communicator completed")
+        except RuntimeError as e:
+            assert f"[Rank {rank}] all_reduce" in str(e), e
+
+
+@part
+def monitored_barriers():
+    late = n - 1
+    absent = [r for r in range(1, n) if r % 2 == 1]  # wait_all_ranks: every one named
+    for name, backend in (("gloo", "gloo"), ("cxlrt", "cxlrt")):
+        # Fresh groups: a failed monitored barrier leaves its ranks at different calls.
+        g1 = dist.new_group(backend=backend)
+        g2 = dist.new_group(backend=backend)
+        if backend == "gloo":  # its ranks but 0 wait for rank 0's answer this long
+            for g in (g1, g2):
+                dist.distributed_c10d.set_timeout(timedelta(seconds=5), g)
+        dist.monitored_barrier(group=g1, timeout=timedelta(seconds=10))  # everyone: passes
+        if rank != late:
+            try:
+                dist.monitored_barrier(group=g1, timeout=timedelta(seconds=1))
+                raise AssertionError(f"{name}: a monitored barrier without rank {late} passed")
+            except RuntimeError as e:
+                if rank == 0:
+                    assert f"Rank {late} failed to pass monitoredBarrier" in str(e), (name, e)
+        if rank not in absent:
+            try:
+                dist.monitored_barrier(group=g2, timeout=timedelta(seconds=1), wait_all_ranks=True)
+                raise AssertionError(f"{name}: a monitored barrier without ranks {absent} passed")
+            except RuntimeError as e:
+                want = ", ".join(map(str, absent))
+                if rank == 0:
+                    assert f"Ranks {want} failed to pass monitoredBarrier" in str(e), (name, e)
+        dist.barrier(group=gloo)
+
+
+if failed_parts:
+    raise SystemExit(f"rank {rank}: parts failed: {', '.join(failed_parts)}")
+
 # Bad input is an error, not a crash.
 try:
     dist.all_reduce(torch.ones(3, dtype=torch.int16))  # cxlrt has no int16
