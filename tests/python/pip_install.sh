@@ -5,12 +5,38 @@
 # the source tree. Then, where the project's venv has torch, the torch
 # backend from the installed package (its source, headers and libcxlrt.so
 # all inside the package).
+#
+# Usage: pip_install.sh [WHEEL_BUILD_DIR]
+# With WHEEL_BUILD_DIR (ctest passes build/python-wheel), scikit-build-core
+# builds in that directory and keeps it, so a rerun recompiles only what
+# changed: pip still configures the project, builds and installs the wheel
+# from the sources exactly as for a user, but not the whole tree every
+# time. A fresh build tree (a fresh clone, CI) starts it empty;
+# CXLRT_PIP_TEST_FRESH=1 empties it first. ccache, where installed,
+# compiles for it too.
 set -euo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
 work=$(mktemp -d /tmp/cxlrt-pip.XXXXXX)
 trap 'rm -rf "$work"' EXIT
+settings=()
+if [[ $# -ge 1 ]]; then
+  wheel_build=$1
+  if [[ "${CXLRT_PIP_TEST_FRESH:-0}" == 1 ]]; then rm -rf "$wheel_build"; fi
+  if [[ -f "$wheel_build/CMakeCache.txt" ]]; then
+    echo "reusing the wheel's build directory $wheel_build"
+  else
+    echo "building the wheel from scratch in $wheel_build"
+  fi
+  settings+=(--config-settings=build-dir="$wheel_build")
+fi
+if command -v ccache >/dev/null; then
+  settings+=(--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache
+             --config-settings=cmake.define.CMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+fi
 /usr/bin/python3 -m venv "$work/venv"
-"$work/venv/bin/pip" install -q --disable-pip-version-check "$src/python"
+start=$(date +%s)
+"$work/venv/bin/pip" install -q --disable-pip-version-check "${settings[@]}" "$src/python"
+echo "pip install ./python took $(($(date +%s) - start)) s"
 cd "$work"
 "$work/venv/bin/python" - <<'PY'
 import os
