@@ -5,6 +5,9 @@
 #include <iterator>
 #include <type_traits>
 
+#include "collectives/internal/reduce_kernels.h"
+#include "runtime/cpu_features.h"
+
 namespace cxlrt::collectives {
 namespace {
 
@@ -79,8 +82,8 @@ template <typename A>
 
 // One op over blocks that stay in L1, in passes the compiler vectorises:
 // the first two sources combine into an accumulator block (fp32 for 16-bit
-// floats), the others fold in, and the block is stored. Always inlined, so each clone of Reduce
-// (AVX-512, AVX2, baseline) gets its own vector code.
+// floats), the others fold in, and the block is stored. Always inlined, so each level's
+// kernel (ReduceAt below: AVX-512, AVX2, baseline) gets its own vector code.
 template <typename T, RedOp kOp>
 [[gnu::always_inline]] inline void ReduceTyped(T* out, const void* const* srcs, int n, size_t count,
                                                int divisor) {
@@ -150,6 +153,61 @@ template <typename T>
   }
 }
 
+// Every type and op, compiled once per CPU level by the wrappers below (the
+// level's target attribute applies to everything inlined here). Function
+// attributes, not per-file flags: a per-file -mavx512f would also compile
+// the inline functions that file instantiates (std::min, Half), and the
+// linker may keep that copy for the whole program.
+[[gnu::always_inline]] inline void ReduceAt(DataType t, RedOp op, void* out,
+                                            const void* const* srcs, int n, size_t count,
+                                            int avg_divisor) {
+  switch (t) {
+    case DataType::kInt8:
+      return ReduceOp<int8_t>(op, out, srcs, n, count, avg_divisor);
+    case DataType::kUint8:
+      return ReduceOp<uint8_t>(op, out, srcs, n, count, avg_divisor);
+    case DataType::kInt32:
+      return ReduceOp<int32_t>(op, out, srcs, n, count, avg_divisor);
+    case DataType::kUint32:
+      return ReduceOp<uint32_t>(op, out, srcs, n, count, avg_divisor);
+    case DataType::kInt64:
+      return ReduceOp<int64_t>(op, out, srcs, n, count, avg_divisor);
+    case DataType::kUint64:
+      return ReduceOp<uint64_t>(op, out, srcs, n, count, avg_divisor);
+    case DataType::kFloat16:
+      return ReduceOp<Half>(op, out, srcs, n, count, avg_divisor);
+    case DataType::kBfloat16:
+      return ReduceOp<Bf16>(op, out, srcs, n, count, avg_divisor);
+    case DataType::kFloat32:
+      return ReduceOp<float>(op, out, srcs, n, count, avg_divisor);
+    case DataType::kFloat64:
+      return ReduceOp<double>(op, out, srcs, n, count, avg_divisor);
+  }
+}
+
+void ReduceBaseline(DataType t, RedOp op, void* out, const void* const* srcs, int n, size_t count,
+                    int avg_divisor) {
+  ReduceAt(t, op, out, srcs, n, count, avg_divisor);
+}
+
+// Reached only when ActiveCpuLevel() is avx2 or more (the CPU has every
+// x86-64-v3 instruction set and the OS saves the YMM state).
+__attribute__((target("arch=x86-64-v3"))) void ReduceAvx2(DataType t, RedOp op, void* out,
+                                                          const void* const* srcs, int n,
+                                                          size_t count, int avg_divisor) {
+  ReduceAt(t, op, out, srcs, n, count, avg_divisor);
+}
+
+// Reached only when ActiveCpuLevel() is avx512.
+__attribute__((target("arch=x86-64-v4"))) void ReduceAvx512(DataType t, RedOp op, void* out,
+                                                            const void* const* srcs, int n,
+                                                            size_t count, int avg_divisor) {
+  ReduceAt(t, op, out, srcs, n, count, avg_divisor);
+}
+
+constexpr collectives_internal::ReduceKernel kReduceByLevel[runtime::kNumCpuLevels] = {
+    ReduceBaseline, ReduceAvx2, ReduceAvx512};
+
 }  // namespace
 
 const char* DataTypeName(DataType t) {
@@ -184,32 +242,11 @@ std::optional<RedOp> ParseRedOp(absl::string_view name) {
   return std::nullopt;
 }
 
-// Cloned per instruction set; the loader picks the best this CPU runs.
-[[gnu::target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")]] void Reduce(
-    DataType t, RedOp op, void* out, const void* const* srcs, int n, size_t count,
-    int avg_divisor) {
-  switch (t) {
-    case DataType::kInt8:
-      return ReduceOp<int8_t>(op, out, srcs, n, count, avg_divisor);
-    case DataType::kUint8:
-      return ReduceOp<uint8_t>(op, out, srcs, n, count, avg_divisor);
-    case DataType::kInt32:
-      return ReduceOp<int32_t>(op, out, srcs, n, count, avg_divisor);
-    case DataType::kUint32:
-      return ReduceOp<uint32_t>(op, out, srcs, n, count, avg_divisor);
-    case DataType::kInt64:
-      return ReduceOp<int64_t>(op, out, srcs, n, count, avg_divisor);
-    case DataType::kUint64:
-      return ReduceOp<uint64_t>(op, out, srcs, n, count, avg_divisor);
-    case DataType::kFloat16:
-      return ReduceOp<Half>(op, out, srcs, n, count, avg_divisor);
-    case DataType::kBfloat16:
-      return ReduceOp<Bf16>(op, out, srcs, n, count, avg_divisor);
-    case DataType::kFloat32:
-      return ReduceOp<float>(op, out, srcs, n, count, avg_divisor);
-    case DataType::kFloat64:
-      return ReduceOp<double>(op, out, srcs, n, count, avg_divisor);
-  }
+void Reduce(DataType t, RedOp op, void* out, const void* const* srcs, int n, size_t count,
+            int avg_divisor) {
+  static const collectives_internal::ReduceKernel kernel =
+      runtime::ForActiveCpuLevel(kReduceByLevel);
+  kernel(t, op, out, srcs, n, count, avg_divisor);
 }
 
 const char* CollKindName(CollKind k) {
@@ -239,3 +276,11 @@ const char* CollKindName(CollKind k) {
 }
 
 }  // namespace cxlrt::collectives
+
+namespace cxlrt::collectives_internal {
+
+ReduceKernel ReduceKernelAt(runtime::CpuLevel level) {
+  return collectives::kReduceByLevel[static_cast<int>(level)];
+}
+
+}  // namespace cxlrt::collectives_internal

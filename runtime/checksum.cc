@@ -5,6 +5,9 @@
 #include <array>
 #include <cstring>
 
+#include "runtime/cpu_features.h"
+#include "runtime/internal/cpu_kernels.h"
+
 namespace cxlrt::runtime {
 namespace {
 
@@ -22,12 +25,15 @@ constexpr std::array<uint32_t, 256> MakeTable() {
 
 constexpr auto kTable = MakeTable();
 
-uint32_t Portable(const uint8_t* p, size_t n, uint32_t crc) {
+uint32_t Portable(const void* data, size_t n, uint32_t crc) {
+  const auto* p = static_cast<const uint8_t*>(data);
   for (size_t i = 0; i < n; ++i) crc = kTable[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
   return crc;
 }
 
-__attribute__((target("sse4.2"))) uint32_t Hardware(const uint8_t* p, size_t n, uint32_t crc) {
+// Only reached at avx2 and up, whose CPUs all have SSE4.2.
+__attribute__((target("sse4.2"))) uint32_t Hardware(const void* data, size_t n, uint32_t crc) {
+  const auto* p = static_cast<const uint8_t*>(data);
   uint64_t c = crc;
   while (n >= 8) {
     uint64_t v;
@@ -41,15 +47,21 @@ __attribute__((target("sse4.2"))) uint32_t Hardware(const uint8_t* p, size_t n, 
   return c32;
 }
 
-const bool kHasSse42 = __builtin_cpu_supports("sse4.2");
+constexpr runtime_internal::Crc32cKernel kByLevel[kNumCpuLevels] = {Portable, Hardware, Hardware};
 
 }  // namespace
 
 uint32_t Crc32c(const void* data, size_t n, uint32_t crc) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  crc = ~crc;
-  crc = kHasSse42 ? Hardware(p, n, crc) : Portable(p, n, crc);
-  return ~crc;
+  static const runtime_internal::Crc32cKernel kernel = ForActiveCpuLevel(kByLevel);
+  return ~kernel(data, n, ~crc);
 }
 
 }  // namespace cxlrt::runtime
+
+namespace cxlrt::runtime_internal {
+
+Crc32cKernel Crc32cKernelAt(runtime::CpuLevel level) {
+  return runtime::kByLevel[static_cast<int>(level)];
+}
+
+}  // namespace cxlrt::runtime_internal

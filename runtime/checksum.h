@@ -1,5 +1,6 @@
 // CRC-32C (Castagnoli), used for every checksummed record in the pool.
-// Uses the SSE4.2 crc32 instruction when the CPU has it. Thread-safe.
+// Uses the SSE4.2 crc32 instruction from CPU level avx2 up (runtime/cpu_features.h),
+// a table below. Thread-safe.
 #pragma once
 
 #include <cstddef>

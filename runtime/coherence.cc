@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/cpu_features.h"
+#include "runtime/internal/cpu_kernels.h"
 #include "runtime/log.h"
 
 namespace cxlrt::runtime {
@@ -261,7 +262,10 @@ absl::StatusOr<std::unique_ptr<Coherence>> MakeCoherence(CoherenceDomain domain,
 
 namespace {
 
-__attribute__((target("avx2"))) void CopyAvx2(uint8_t* d, const uint8_t* s, size_t n) {
+// Only reached at CPU level avx2 and up.
+__attribute__((target("avx2"))) void CopyAvx2(void* dst, const void* src, size_t n) {
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* s = static_cast<const uint8_t*>(src);
   size_t i = 0;
   for (; i + 128 <= n; i += 128) {
     const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i));
@@ -276,7 +280,9 @@ __attribute__((target("avx2"))) void CopyAvx2(uint8_t* d, const uint8_t* s, size
   if (i < n) std::memcpy(d + i, s + i, n - i);
 }
 
-void CopySse2(uint8_t* d, const uint8_t* s, size_t n) {
+void CopySse2(void* dst, const void* src, size_t n) {
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* s = static_cast<const uint8_t*>(src);
   size_t i = 0;
   for (; i + 64 <= n; i += 64) {
     const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
@@ -291,16 +297,16 @@ void CopySse2(uint8_t* d, const uint8_t* s, size_t n) {
   if (i < n) std::memcpy(d + i, s + i, n - i);
 }
 
+constexpr runtime_internal::CopyKernel kCopyByLevel[kNumCpuLevels] = {CopySse2, CopyAvx2, CopyAvx2};
+
 }  // namespace
 
 void CopyBytes(void* dst, const void* src, size_t n) {
-  static const bool avx2 = __builtin_cpu_supports("avx2");
+  static const runtime_internal::CopyKernel copy = ForActiveCpuLevel(kCopyByLevel);
   if (n < 2048) {
     std::memcpy(dst, src, n);
-  } else if (avx2) {
-    CopyAvx2(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n);
   } else {
-    CopySse2(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), n);
+    copy(dst, src, n);
   }
 }
 
@@ -344,3 +350,11 @@ void WriteBackLines(const void* p, size_t n) { FlushWith(GetCpuFeatures().writeb
 void InvalidateLines(const void* p, size_t n) { FlushWith(GetCpuFeatures().invalidate, p, n); }
 
 }  // namespace cxlrt::runtime
+
+namespace cxlrt::runtime_internal {
+
+CopyKernel CopyKernelAt(runtime::CpuLevel level) {
+  return runtime::kCopyByLevel[static_cast<int>(level)];
+}
+
+}  // namespace cxlrt::runtime_internal

@@ -2,6 +2,7 @@
 
 #include <cctype>
 #include <cstdlib>
+#include <string_view>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -43,6 +44,10 @@ constexpr ConfigVar kTable[] = {
     {"CXLRT_PIN", "auto",
      "Core pinning of the ranks `cxlrt run` and `cxlrt bench` start: auto (round-robin over the "
      "allowed cores when ranks do not outnumber them), off, or a comma-separated core list."},
+    {"CXLRT_CPU_LEVEL", "auto",
+     "Vector level of the CPU kernels (copies, checksums, reductions): auto (the highest this CPU "
+     "and OS support), baseline, avx2 or avx512. Can only lower the level: a request above the "
+     "CPU's is clamped with a warning (`cxlrt doctor` prints both)."},
     {"CXLRT_CUDA_REDUCE", "staged",
      "How GPU reductions read peers' chunks: staged (the copy engine moves them into device "
      "memory first) or mapped (the kernel reads the registered pool); docs/gpu.md."},
@@ -207,6 +212,13 @@ absl::StatusOr<Config> ParseConfig(const std::function<const char*(const char*)>
                            &c.cuda_doorbell);
       !s.ok()) {
     return s;
+  }
+  if (const char* v = getenv("CXLRT_CPU_LEVEL"); v && *v && std::string_view(v) != "auto") {
+    c.cpu_level = ParseCpuLevel(v);
+    if (!c.cpu_level) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CXLRT_CPU_LEVEL='", v, "' is not auto, baseline, avx2 or avx512"));
+    }
   }
   return c;
 }

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "runtime/cpu_features.h"
 
 namespace cxlrt::runtime {
 
@@ -37,6 +38,7 @@ struct Config {
   std::string cuda_reduce = "staged";         // CXLRT_CUDA_REDUCE: staged or mapped
   std::string cuda_kv_copy = "engine";        // CXLRT_CUDA_KV_COPY: engine or kernel
   std::string cuda_doorbell = "host";         // CXLRT_CUDA_DOORBELL: host or copy
+  std::optional<CpuLevel> cpu_level;          // CXLRT_CPU_LEVEL; nullopt: auto
 };
 
 struct ConfigVar {

@@ -107,17 +107,54 @@ int Doctor(bool as_json) {
                            {"clflushopt", cpu.clflushopt},
                            {"clwb", cpu.clwb},
                            {"movdir64b", cpu.movdir64b},
+                           {"sse3", cpu.sse3},
+                           {"ssse3", cpu.ssse3},
+                           {"sse4.1", cpu.sse41},
                            {"sse4.2", cpu.sse42},
+                           {"popcnt", cpu.popcnt},
+                           {"cx16", cpu.cx16},
+                           {"lahf", cpu.lahf},
+                           {"avx", cpu.avx},
                            {"avx2", cpu.avx2},
-                           {"avx512f", cpu.avx512f}}) {
+                           {"fma", cpu.fma},
+                           {"f16c", cpu.f16c},
+                           {"bmi1", cpu.bmi1},
+                           {"bmi2", cpu.bmi2},
+                           {"lzcnt", cpu.lzcnt},
+                           {"movbe", cpu.movbe},
+                           {"osxsave", cpu.osxsave},
+                           {"avx512f", cpu.avx512f},
+                           {"avx512bw", cpu.avx512bw},
+                           {"avx512cd", cpu.avx512cd},
+                           {"avx512dq", cpu.avx512dq},
+                           {"avx512vl", cpu.avx512vl}}) {
     if (has) flags.push_back(name);
   }
+  // The kernels' vector level: what cpuid and xgetbv allow, what
+  // CXLRT_CPU_LEVEL asked for, and what runs.
+  const runtime::CpuLevel level = runtime::ActiveCpuLevel();
+  const auto& requested = runtime::GetConfig().cpu_level;
+  const std::string above =
+      cpu.max_level == runtime::CpuLevel::kAvx512
+          ? ""
+          : runtime::MissingForCpuLevel(
+                cpu, static_cast<runtime::CpuLevel>(static_cast<int>(cpu.max_level) + 1));
+  const std::string level_line = absl::StrCat(
+      runtime::CpuLevelName(level), " (this CPU and OS allow ",
+      runtime::CpuLevelName(cpu.max_level),
+      above.empty() ? "" : absl::StrCat(", not higher: no ", above), "; CXLRT_CPU_LEVEL ",
+      requested ? runtime::CpuLevelName(*requested) : "auto", ")");
 
   if (as_json) {
     json j;
     j["cpu"] = {{"writeback", runtime::FlushInstructionName(cpu.writeback)},
                 {"invalidate", runtime::FlushInstructionName(cpu.invalidate)},
-                {"features", flags}};
+                {"features", flags},
+                {"xcr0", cpu.xcr0},
+                {"level", runtime::CpuLevelName(level)},
+                {"max_level", runtime::CpuLevelName(cpu.max_level)},
+                {"requested_level", requested ? runtime::CpuLevelName(*requested) : "auto"},
+                {"missing_for_next_level", above}};
     j["numa_available"] = numa;
     j["numa_nodes"] = json::array();
     for (const auto& n : nodes) {
@@ -164,6 +201,7 @@ int Doctor(bool as_json) {
   std::printf("cpu          write back with %s, invalidate with %s; has %s\n",
               runtime::FlushInstructionName(cpu.writeback),
               runtime::FlushInstructionName(cpu.invalidate), absl::StrJoin(flags, " ").c_str());
+  std::printf("cpu level    %s\n", level_line.c_str());
   std::printf("numa         %zu node%s%s\n", nodes.size(), nodes.size() == 1 ? "" : "s",
               numa ? "" : " (libnuma: NUMA not available, pages will not be bound)");
   for (const auto& n : nodes) {

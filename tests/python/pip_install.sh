@@ -5,14 +5,48 @@
 # the source tree. Then, where the project's venv has torch, the torch
 # backend from the installed package (its source, headers and libcxlrt.so
 # all inside the package).
+#
+# Usage: pip_install.sh [WHEEL_BUILD_DIR]
+# With WHEEL_BUILD_DIR (ctest passes build/python-wheel), scikit-build-core
+# builds in that directory and keeps it, so a rerun recompiles only what
+# changed: pip still configures the project, builds and installs the wheel
+# from the sources exactly as for a user, but not the whole tree every
+# time. The fresh venv is made at WHEEL_BUILD_DIR-venv (emptied every run)
+# and the torch backend compiles in WHEEL_BUILD_DIR-torch-ext, so that its
+# compile commands repeat and ccache serves them. A fresh build tree (a
+# fresh clone, CI) starts all three empty; CXLRT_PIP_TEST_FRESH=1 empties
+# them first. ccache, where installed, compiles for both builds.
 set -euo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
 work=$(mktemp -d /tmp/cxlrt-pip.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-/usr/bin/python3 -m venv "$work/venv"
-"$work/venv/bin/pip" install -q --disable-pip-version-check "$src/python"
+settings=()
+venv=$work/venv
+torch_ext=$work/torch_extensions
+if [[ $# -ge 1 ]]; then
+  wheel_build=$1
+  venv=$wheel_build-venv
+  torch_ext=$wheel_build-torch-ext
+  if [[ "${CXLRT_PIP_TEST_FRESH:-0}" == 1 ]]; then
+    rm -rf "$wheel_build" "$venv" "$torch_ext"
+  fi
+  if [[ -f "$wheel_build/CMakeCache.txt" ]]; then
+    echo "reusing the wheel's build directory $wheel_build"
+  else
+    echo "building the wheel from scratch in $wheel_build"
+  fi
+  settings+=(--config-settings=build-dir="$wheel_build")
+fi
+if command -v ccache >/dev/null; then
+  settings+=(--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache
+             --config-settings=cmake.define.CMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+fi
+/usr/bin/python3 -m venv --clear "$venv"
+start=$(date +%s)
+"$venv/bin/pip" install -q --disable-pip-version-check "${settings[@]}" "$src/python"
+echo "pip install ./python took $(($(date +%s) - start)) s"
 cd "$work"
-"$work/venv/bin/python" - <<'PY'
+"$venv/bin/python" - <<'PY'
 import os
 import numpy as np
 import cxlrt
@@ -36,8 +70,14 @@ if ! "$venv_py" -c "import torch" 2>/dev/null; then
   echo "no torch in $src/.venv: the installed torch backend is not tried"
   exit 0
 fi
-site=$("$work/venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-PYTHONPATH="$site" TORCH_EXTENSIONS_DIR="$work/torch_extensions" OMP_NUM_THREADS=1 \
+site=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+# torch.utils.cpp_extension compiles with `c++`: through ccache's
+# masquerading directory where there is one.
+ccache_dir=/usr/lib/ccache
+if [[ -x $ccache_dir/c++ ]]; then export PATH=$ccache_dir:$PATH; fi
+# A run killed mid-compile leaves torch's lock, which the next would wait on.
+rm -f "$torch_ext"/*/lock
+PYTHONPATH="$site" TORCH_EXTENSIONS_DIR="$torch_ext" OMP_NUM_THREADS=1 \
 MASTER_ADDR=127.0.0.1 MASTER_PORT=29421 "$venv_py" - <<'PY'
 import os
 import torch

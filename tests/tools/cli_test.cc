@@ -141,6 +141,27 @@ TEST(CliTest, DoctorSaysWhatThisMachineHas) {
   }
 }
 
+TEST(CliTest, DoctorPrintsTheCpuLevelThatCxlrtCpuLevelOnlyLowers) {
+  Result r = Cxlrt("doctor");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("cpu level"), std::string::npos) << r.out;
+  auto doctor = [](const std::string& level) {
+    Result r = CxlrtStdout("doctor --json >/dev/null; CXLRT_CPU_LEVEL=" + level + " " +
+                           std::string(CXLRT_BIN) + " doctor --json");
+    EXPECT_EQ(r.code, 0) << level;
+    return nlohmann::json::parse(r.out)["cpu"];
+  };
+  const auto cpu = doctor("auto");
+  EXPECT_EQ(cpu["level"], cpu["max_level"]);
+  EXPECT_EQ(cpu["requested_level"], "auto");
+  const auto low = doctor("baseline");
+  EXPECT_EQ(low["level"], "baseline");
+  EXPECT_EQ(low["requested_level"], "baseline");
+  const auto high = doctor("avx512");  // never above what the CPU has
+  EXPECT_EQ(high["level"], cpu["max_level"]);
+  EXPECT_EQ(high["requested_level"], "avx512");
+}
+
 TEST(CliTest, WrongArgumentsPrintUsageAndExitTwo) {
   for (const char* args : {"", "frobnicate", "pool", "pool info --bogus", "pool fence",
                            "pool attach --seconds x", "doctor extra"}) {
