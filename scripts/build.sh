@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
 # Configures and builds cxlrt into build/ (programs in build/bin/).
 # Usage: scripts/build.sh [extra cmake -D options]
+# Compiles through ccache where it is installed (install-deps.sh installs
+# it), so a rebuild after a small change, or of a second tree of the same
+# sources, recompiles only what changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc 2>/dev/null || echo 2)
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCXLRT_WERROR=ON "$@" >/dev/null
+launcher=()
+if command -v ccache >/dev/null; then
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+fi
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCXLRT_WERROR=ON "${launcher[@]}" "$@" >/dev/null
 cmake --build build -j"$jobs"

@@ -11,7 +11,7 @@
 set -euo pipefail
 
 PACKAGES=(
-  build-essential cmake pkg-config git ninja-build
+  build-essential cmake pkg-config git ninja-build ccache
   libabsl-dev
   libgtest-dev libgmock-dev googletest
   libbenchmark-dev
