@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import atexit
 import os
-from datetime import timedelta
+import sys
 
 import torch
 import torch.distributed as dist
@@ -110,7 +110,10 @@ def _destroy_made_pools() -> None:
             pass
 
 
-def _create(store, rank: int, size: int, timeout: timedelta):
+def _create(opts, backend_options=None):
+    # torch's extended plugin API: opts carries the group's store, rank,
+    # size, timeout and torch's own ProcessGroup object for the group.
+    rank = opts.group_rank
     uri = pool_uri()
     if rank == 0:
         try:
@@ -120,7 +123,51 @@ def _create(store, rank: int, size: int, timeout: timedelta):
             _made.add(uri)
         except AlreadyExistsError:
             pass  # CXLRT_POOL names a pool made before the job
-    return _extension().create(store, rank, size, timeout, uri)
+    backend = _extension().create(opts.store, rank, opts.group_size, opts.timeout, uri)
+    return _named_group(opts, backend)
 
 
-dist.Backend.register_backend("cxlrt", _create, devices=["cpu", "cuda"])
+def _group_backends():
+    # The device -> backend map of the group torch is making, read from
+    # torch's _new_process_group_helper (our caller's caller); None when it
+    # is not there (another torch): then the backend goes back unnamed.
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_name != "_new_process_group_helper":
+        frame = frame.f_back
+    config = frame.f_locals.get("backend_config") if frame is not None else None
+    try:
+        return dict(config.get_device_backend_map())
+    except AttributeError:
+        return None
+
+
+def _named_group(opts, backend):
+    """torch's group for `backend`, named "cxlrt" (docs/python.md, "DDP's
+    logging"): torch gives a plugin's backend a ProcessGroup of type CUSTOM
+    that says "custom" to DDP's logger; a plugin may instead hand back a
+    ProcessGroup, which torch then uses as the group. Only for a group whose
+    every device is cxlrt's (torch takes the first ProcessGroup returned and
+    makes no other device's backend), and not under
+    TORCH_DISTRIBUTED_DEBUG=DETAIL, where torch wraps the Backend in its
+    checking wrapper: then the plain backend (named "custom")."""
+    if dist.get_debug_level() == dist.DebugLevel.DETAIL:
+        return backend
+    devices = _group_backends()
+    if not devices or any(b != "cxlrt" for b in devices.values()):
+        return backend
+    store = opts.store
+    # torch's group has the group's store; the backend's is its per-device
+    # PrefixStore over it.
+    pg = _ext.ProcessGroup(getattr(store, "underlying_store", store), opts.group_rank,
+                           opts.group_size)
+    custom = dist.ProcessGroup.BackendType.CUSTOM
+    pg._set_default_backend(custom)
+    for device in devices:
+        pg._register_backend(torch.device(device), custom, backend)
+    torch_pg = getattr(opts, "process_group", None)
+    if torch_pg is not None and torch_pg.bound_device_id is not None:
+        pg.bound_device_id = torch_pg.bound_device_id
+    return pg
+
+
+dist.Backend.register_backend("cxlrt", _create, extended_api=True, devices=["cpu", "cuda"])

@@ -51,6 +51,7 @@
 #include <string>
 #include <thread>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -1070,6 +1071,16 @@ class CxlrtBackend : public c10d::Backend {
   std::vector<std::chrono::steady_clock::time_point> sent_at_, received_at_;
 };
 
+// The group torch_backend.py hands torch: torch's ProcessGroup named
+// "cxlrt". Torch makes a plugin's group a ProcessGroup of type CUSTOM, whose
+// getBackendName() ("custom") DDP's logger records
+// (torch/csrc/distributed/c10d/logger.cpp: strs_map["backend_name"]).
+class CxlrtProcessGroup : public c10d::ProcessGroup {
+ public:
+  using c10d::ProcessGroup::ProcessGroup;
+  const std::string getBackendName() const override { return "cxlrt"; }
+};
+
 }  // namespace
 }  // namespace cxlrt::torch_backend
 
@@ -1077,4 +1088,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("create", &cxlrt::torch_backend::CxlrtBackend::Create, py::arg("store"), py::arg("rank"),
         py::arg("size"), py::arg("timeout"), py::arg("pool"),
         "A cxlrt c10d backend for rank `rank` of `size` over the pool `pool`.");
+  py::class_<cxlrt::torch_backend::CxlrtProcessGroup, c10d::ProcessGroup,
+             c10::intrusive_ptr<cxlrt::torch_backend::CxlrtProcessGroup>>(m, "ProcessGroup",
+                                                                          py::dynamic_attr())
+      .def(py::init<c10::intrusive_ptr<c10d::Store>, int, int>(), py::arg("store"), py::arg("rank"),
+           py::arg("size"));
 }

@@ -2,7 +2,7 @@
 cxlrt.torch_backend loads the prebuilt cxlrt_torch_backend and compiles
 nothing (TORCH_EXTENSIONS_DIR stays empty), and refuses with an error that
 says how to rebuild when the module is missing or was built against another
-torch. Run with the project's venv and
+torch. DDP's logging names the backend. Run with the project's venv and
 PYTHONPATH=build/python (tests/CMakeLists.txt)."""
 
 import os
@@ -30,7 +30,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_prebuilt_extension_compiles_nothing(tmp_path):
+def test_prebuilt_extension_compiles_nothing_and_ddp_names_the_backend(tmp_path):
     ext_dir = tmp_path / "torch_extensions"
     ext_dir.mkdir()
     r = _run(
@@ -48,6 +48,11 @@ def test_prebuilt_extension_compiles_nothing(tmp_path):
         x = torch.arange(10, dtype=torch.float32)
         dist.all_reduce(x)
         assert torch.equal(x, torch.arange(10, dtype=torch.float32)), x
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+        model(torch.ones(3, 4)).sum().backward()
+        name = model._get_ddp_logging_data()["backend_name"]
+        assert name == "cxlrt", name
+        assert dist.group.WORLD.name() == "cxlrt", dist.group.WORLD.name()
         dist.destroy_process_group()
         print("OK")
         """,
