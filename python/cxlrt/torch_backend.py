@@ -89,11 +89,14 @@ def _extension():
 
 
 def pool_uri() -> str:
-    """The pool the backend uses."""
+    """The pool the backend uses. The default holds the many groups torch's
+    tests make (1 GiB), faulted in on first touch (prefault=0): mapping a
+    whole 1 GiB pool's page tables cost every rank about 0.5 s at start
+    (python -m cxlrt.bench startup; docs/python.md)."""
     uri = os.environ.get("CXLRT_POOL")
     if uri:
         return uri
-    return f"emu://torch-{os.environ.get('MASTER_PORT', '0')}?size=1G"
+    return f"emu://torch-{os.environ.get('MASTER_PORT', '0')}?size=1G&prefault=0"
 
 
 _made: set = set()
