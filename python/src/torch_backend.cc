@@ -1,7 +1,8 @@
 // The `cxlrt` backend of torch.distributed: a c10d::Backend whose
-// collectives run on a cxlrt Communicator over the pool. Built at first use
-// by torch.utils.cpp_extension against the installed torch and
-// libcxlrt.so (python/cxlrt/torch_backend.py), registered for CPU and CUDA
+// collectives run on a cxlrt Communicator over the pool. Built ahead of time
+// by CMake against the venv's torch and libcxlrt.so (python/CMakeLists.txt;
+// CXLRT_TORCH_JIT=1: at first use by torch.utils.cpp_extension), loaded by
+// python/cxlrt/torch_backend.py, registered for CPU and CUDA
 // tensors (a CUDA call is ordered on the caller's current stream; docs/gpu.md).
 //
 // Every group of a process shares one attachment to the pool (host slot,
