@@ -48,11 +48,13 @@ int NodeOfPage(void* addr) {
   return node;
 }
 
-// Binds (when creating), reserves and pre-faults one device's pages, mapped
-// at `addr` (MAP_FIXED inside the pool's reservation). Returns the node the
-// pages are on (-1 unknown) and appends to `placement` when binding failed.
+// Binds (when creating), reserves and (`prefault`) pre-faults one device's
+// pages, mapped at `addr` (MAP_FIXED inside the pool's reservation). Returns
+// the node the pages are on (-1 unknown) and appends to `placement` when
+// binding failed.
 absl::StatusOr<int> MapDevice(int fd, uint8_t* addr, uint64_t size, const std::string& path,
-                              bool creating, int bind_node, bool* huge, std::string* placement) {
+                              bool creating, bool prefault, int bind_node, bool* huge,
+                              std::string* placement) {
   void* p = mmap(addr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
   if (p == MAP_FAILED) {
     return ErrnoStatus(errno, absl::StrCat("cannot map ", FormatBytes(size), " of ", path));
@@ -78,7 +80,9 @@ absl::StatusOr<int> MapDevice(int fd, uint8_t* addr, uint64_t size, const std::s
                                           " (is the filesystem full?)"));
     }
   }
-  Prefault(addr, size);
+  // Without prefault the pages (allocated above at creation) are mapped at
+  // first touch: a minor fault each, paid only for the pages used.
+  if (prefault) Prefault(addr, size);
   if (!creating || node >= 0) {
     if (int actual = NodeOfPage(addr); actual >= 0) node = actual;
   }
@@ -120,7 +124,7 @@ BackendInfo BaseInfo(const PoolUri& uri) {
 // `device_size` * paths.size() bytes and makes the backend.
 absl::StatusOr<std::unique_ptr<MemoryBackend>> MapAll(
     Building& b, BackendInfo info, const std::vector<std::string>& paths, uint64_t device_size,
-    bool creating, const std::vector<runtime::NodeChoice>& nodes) {
+    bool creating, bool prefault, const std::vector<runtime::NodeChoice>& nodes) {
   b.size = device_size * paths.size();
   void* r = mmap(nullptr, b.size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (r == MAP_FAILED) {
@@ -134,7 +138,7 @@ absl::StatusOr<std::unique_ptr<MemoryBackend>> MapAll(
     std::string placement;
     CXLRT_ASSIGN_OR_RETURN(
         int node, MapDevice(b.fds[d], b.base + d * device_size, device_size, paths[d], creating,
-                            creating ? nodes[d].node : -1, &huge, &placement));
+                            prefault, creating ? nodes[d].node : -1, &huge, &placement));
     all_huge = all_huge && huge;
     if (d == 0) {
       info.numa_node = node;
@@ -193,7 +197,8 @@ absl::StatusOr<std::unique_ptr<MemoryBackend>> CreateShm(const PoolUri& uri, uin
                          absl::StrCat("cannot size ", path, " to ", FormatBytes(device_size)));
     }
   }
-  return MapAll(b, std::move(info), paths, device_size, /*creating=*/true, nodes);
+  return MapAll(b, std::move(info), paths, device_size, /*creating=*/true,
+                uri.prefault.value_or(true), nodes);
 }
 
 absl::StatusOr<std::unique_ptr<MemoryBackend>> OpenShm(const PoolUri& uri) {
@@ -236,7 +241,8 @@ absl::StatusOr<std::unique_ptr<MemoryBackend>> OpenShm(const PoolUri& uri) {
     }
     paths.push_back(path);
   }
-  return MapAll(b, std::move(info), paths, device_size, /*creating=*/false, {});
+  return MapAll(b, std::move(info), paths, device_size, /*creating=*/false,
+                uri.prefault.value_or(true), {});
 }
 
 absl::Status DestroyShm(const PoolUri& uri) {

@@ -111,8 +111,8 @@ absl::StatusOr<PoolUri> ParsePoolUri(absl::string_view text) {
 
   const std::set<std::string> allowed =
       uri.scheme == PoolScheme::kEmu
-          ? std::set<std::string>{"size",  "node",    "coherence", "dir",        "mode",
-                                  "hosts", "devices", "model",     "latency_ns", "bw_gbps"}
+          ? std::set<std::string>{"size",    "node",  "coherence",  "dir",     "mode",    "hosts",
+                                  "devices", "model", "latency_ns", "bw_gbps", "prefault"}
           : std::set<std::string>{"size", "coherence", "hosts"};
   std::set<std::string> seen;
   if (!query.empty()) {
@@ -178,6 +178,13 @@ absl::StatusOr<PoolUri> ParsePoolUri(absl::string_view text) {
           return Bad(text, absl::StrCat("devices '", value, "' is not a device count in [1, 16]"));
         }
         uri.devices = devices;
+      } else if (key == "prefault") {
+        if (value != "0" && value != "1") {
+          return Bad(text, absl::StrCat("prefault '", value,
+                                        "' is not 0 (fault pages on first touch) or 1 (map "
+                                        "them all when opening)"));
+        }
+        uri.prefault = value == "1";
       } else if (key == "model") {
         if (value != "switch" && value != "direct") {
           return Bad(text, absl::StrCat("model '", value,
@@ -221,6 +228,7 @@ std::string PoolUri::ToString() const {
   if (model) params.push_back(absl::StrCat("model=", *model));
   if (latency_ns) params.push_back(absl::StrCat("latency_ns=", *latency_ns));
   if (bw_gbps) params.push_back(absl::StrCat("bw_gbps=", *bw_gbps));
+  if (prefault) params.push_back(absl::StrCat("prefault=", *prefault ? 1 : 0));
   std::string out = Identity();
   if (!params.empty()) absl::StrAppend(&out, "?", absl::StrJoin(params, "&"));
   return out;

@@ -2,7 +2,7 @@
 //
 //   emu://NAME?size=4G&node=N&coherence=hardware|software|simulated
 //             &dir=PATH&mode=0600&hosts=64&devices=D
-//             &model=switch|direct&latency_ns=N&bw_gbps=X
+//             &model=switch|direct&latency_ns=N&bw_gbps=X&prefault=0|1
 //   dax:///dev/dax0.0?size=...&coherence=...&hosts=...
 //
 // Thread-safe (pure functions over values).
@@ -36,6 +36,10 @@ struct PoolUri {
   std::optional<std::string> model;  // preset: "switch" or "direct"
   std::optional<uint32_t> latency_ns;
   std::optional<double> bw_gbps;  // per device
+  // emu, per open: map the whole pool's page tables up front (1, the
+  // default: no access later pays a fault) or on first touch (0: opening a
+  // large pool costs nothing; the pages are still allocated at creation).
+  std::optional<bool> prefault;
 
   // True when the URI asks for the latency / bandwidth model.
   bool HasModel() const { return model || latency_ns || bw_gbps; }

@@ -19,6 +19,12 @@ backend's (a group that does no communication) in the same processes:
 cxlrt/fake is the backend's overhead as a multiple of torch's (issue 25
 asks for at most 2 from 8 B to 64 KiB: `-b 8 -e 64K`).
 
+python -m cxlrt.bench startup: what a group costs to start. Fresh
+processes (2 and 4 ranks) time init_process_group plus a first all_reduce
+(and, for cxlrt, importing cxlrt.torch_backend, which loads the backend's
+extension), cxlrt beside Gloo, the slowest rank's time, median of a few
+runs (needs torch).
+
 Both print this machine's memcpy bandwidth (numpy copy) so the figures read
 as ratios."""
 
@@ -290,6 +296,96 @@ def bench_torch(lo: int, hi: int, iters: int, reps: int, warmup: int, as_json: b
     return 0
 
 
+# --- python -m cxlrt.bench startup
+
+
+def _startup_rank() -> None:
+    # One rank of a start-up run (RANK, WORLD_SIZE, MASTER_PORT, BACKEND
+    # set by bench_startup). The ranks meet on the store first, so that
+    # what is timed is not when each process happened to start.
+    import torch
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    backend = os.environ["BENCH_BACKEND"]
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), world, rank == 0)
+    store.add("arrived", 1)
+    while store.add("arrived", 0) < world:
+        time.sleep(0.001)
+    t0 = time.perf_counter()
+    if backend == "cxlrt":
+        from . import torch_backend  # noqa: F401
+    t_import = time.perf_counter() - t0
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world)
+    t = torch.ones(1024)
+    dist.all_reduce(t)
+    elapsed = time.perf_counter() - t0
+    assert t[0].item() == world, t[0].item()
+    # The slowest rank's times, gathered on the store (not timed).
+    store.set(f"t{rank}", json.dumps([elapsed, t_import]))
+    if rank == 0:
+        times = [json.loads(store.get(f"t{r}")) for r in range(world)]
+        print(json.dumps({"total": max(x[0] for x in times),
+                          "import": max(x[1] for x in times)}))
+    store.add("done", 1)
+    while store.add("done", 0) < world:  # rank 0's store outlives the others' reads
+        time.sleep(0.001)
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _startup_run(backend: str, world: int) -> dict:
+    import subprocess
+
+    port = _free_port()
+    procs = []
+    for r in range(world):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), BENCH_BACKEND=backend,
+                   OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+        procs.append(subprocess.Popen(
+            [sys.executable, "-c", "from cxlrt.bench import _startup_rank; _startup_rank()"],
+            env=env, stdout=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    for r, p in enumerate(procs):
+        if p.returncode != 0:
+            raise RuntimeError(f"startup {backend} rank {r} of {world} exited {p.returncode}")
+    return json.loads(outs[0].strip().splitlines()[-1])
+
+
+def bench_startup(worlds, runs: int, as_json: bool) -> int:
+    rows = []
+    for world in worlds:
+        row = {"ranks": world}
+        for backend in ("cxlrt", "gloo"):
+            samples = [_startup_run(backend, world) for _ in range(runs)]
+            row[backend + "_s"] = statistics.median(x["total"] for x in samples)
+            if backend == "cxlrt":
+                row["cxlrt_import_s"] = statistics.median(x["import"] for x in samples)
+        row["cxlrt_over_gloo"] = row["cxlrt_s"] / row["gloo_s"]
+        rows.append(row)
+    if as_json:
+        for r in rows:
+            print(json.dumps(r))
+        return 0
+    print(f"# python -m cxlrt.bench startup: init_process_group + first all_reduce in fresh "
+          f"processes, slowest rank, median of {runs} runs (cxlrt: including importing "
+          f"cxlrt.torch_backend, shown apart)")
+    print("%6s %10s %13s %10s %11s" % ("ranks", "cxlrt s", "(import s)", "gloo s", "cxlrt/gloo"))
+    for r in rows:
+        print("%6d %10.3f %13.3f %10.3f %11.2f" % (r["ranks"], r["cxlrt_s"], r["cxlrt_import_s"],
+                                                 r["gloo_s"], r["cxlrt_over_gloo"]))
+    return 0
+
+
 def _bytes(s: str) -> int:
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     return int(s[:-1]) * units[s[-1].upper()] if s[-1].upper() in units else int(s)
@@ -321,7 +417,13 @@ def main(argv=None) -> int:
                          "for, which on a loaded machine is most of a small call)")
     tb.add_argument("-w", "--warmup", type=int, default=5)
     tb.add_argument("--json", action="store_true")
+    st = sub.add_parser("startup", help="torch group start-up: cxlrt beside Gloo")
+    st.add_argument("--ranks", default="2,4", help="world sizes")
+    st.add_argument("--runs", type=int, default=3)
+    st.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    if a.what == "startup":
+        return bench_startup([int(n) for n in a.ranks.split(",")], a.runs, a.json)
     if a.what == "torch":
         return bench_torch(_bytes(a.minbytes), _bytes(a.maxbytes), a.iters, a.reps, a.warmup,
                            a.json, a.ranks)

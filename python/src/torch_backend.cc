@@ -1,7 +1,8 @@
 // The `cxlrt` backend of torch.distributed: a c10d::Backend whose
-// collectives run on a cxlrt Communicator over the pool. Built at first use
-// by torch.utils.cpp_extension against the installed torch and
-// libcxlrt.so (python/cxlrt/torch_backend.py), registered for CPU and CUDA
+// collectives run on a cxlrt Communicator over the pool. Built ahead of time
+// by CMake against the venv's torch and libcxlrt.so (python/CMakeLists.txt;
+// CXLRT_TORCH_JIT=1: at first use by torch.utils.cpp_extension), loaded by
+// python/cxlrt/torch_backend.py, registered for CPU and CUDA
 // tensors (a CUDA call is ordered on the caller's current stream; docs/gpu.md).
 //
 // Every group of a process shares one attachment to the pool (host slot,
@@ -51,6 +52,7 @@
 #include <string>
 #include <thread>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -1533,6 +1535,16 @@ class CxlrtBackend : public c10d::Backend {
   std::vector<std::chrono::steady_clock::time_point> sent_at_, received_at_;
 };
 
+// The group torch_backend.py hands torch: torch's ProcessGroup named
+// "cxlrt". Torch makes a plugin's group a ProcessGroup of type CUSTOM, whose
+// getBackendName() ("custom") DDP's logger records
+// (torch/csrc/distributed/c10d/logger.cpp: strs_map["backend_name"]).
+class CxlrtProcessGroup : public c10d::ProcessGroup {
+ public:
+  using c10d::ProcessGroup::ProcessGroup;
+  const std::string getBackendName() const override { return "cxlrt"; }
+};
+
 }  // namespace
 }  // namespace cxlrt::torch_backend
 
@@ -1540,4 +1552,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("create", &cxlrt::torch_backend::CxlrtBackend::Create, py::arg("store"), py::arg("rank"),
         py::arg("size"), py::arg("timeout"), py::arg("pool"),
         "A cxlrt c10d backend for rank `rank` of `size` over the pool `pool`.");
+  py::class_<cxlrt::torch_backend::CxlrtProcessGroup, c10d::ProcessGroup,
+             c10::intrusive_ptr<cxlrt::torch_backend::CxlrtProcessGroup>>(m, "ProcessGroup",
+                                                                          py::dynamic_attr())
+      .def(py::init<c10::intrusive_ptr<c10d::Store>, int, int>(), py::arg("store"), py::arg("rank"),
+           py::arg("size"));
 }

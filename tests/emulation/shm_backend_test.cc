@@ -143,6 +143,33 @@ TEST(ShmBackendTest, ANodeThatDoesNotExistIsRefusedAndNothingIsLeft) {
   EXPECT_NE(access(ShmPoolPath(*runtime::ParsePoolUri(uri)).c_str(), F_OK), 0);
 }
 
+// Resident bytes of this process (mapped pool pages count).
+uint64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  uint64_t size = 0, resident = 0;
+  statm >> size >> resident;
+  return resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+TEST(ShmBackendTest, PrefaultZeroMapsPagesOnFirstTouchOnly) {
+  TempDir dir;
+  const std::string uri = PoolUri(dir, "prefault=0", "64M");
+  uint64_t before = ResidentBytes();
+  auto pool = runtime::Pool::Create(uri);
+  CXLRT_ASSERT_OK(pool);
+  // The pool's metadata is written, not its 64 MiB mapped.
+  EXPECT_LT(ResidentBytes() - before, 16u << 20);
+  // Still reserved in full at creation: no hole for a later SIGBUS.
+  struct stat st;
+  ASSERT_EQ(stat(ShmPoolPath(*runtime::ParsePoolUri(uri)).c_str(), &st), 0);
+  EXPECT_GE(static_cast<uint64_t>(st.st_blocks) * 512, 64u << 20);
+  // The default (prefault=1) maps every page when opening.
+  before = ResidentBytes();
+  auto opened = runtime::Pool::Open(testing::OpenUri(uri));
+  CXLRT_ASSERT_OK(opened);
+  EXPECT_GE(ResidentBytes() - before, 60u << 20);
+}
+
 TEST(ShmBackendTest, AMissingDirectoryIsNotFound) {
   CXLRT_EXPECT_ERROR(runtime::Pool::Create("emu://x?size=8M&dir=/nonexistent/cxlrt"),
                      absl::StatusCode::kNotFound, "/nonexistent/cxlrt/cxlrt-x.pool");

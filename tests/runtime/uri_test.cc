@@ -33,6 +33,17 @@ TEST(UriTest, CanonicalTextParsesBackToTheSameUri) {
   EXPECT_EQ(again->ToString(), text);
 }
 
+TEST(UriTest, PrefaultIsPerOpenAndRoundTrips) {
+  auto uri = ParsePoolUri("emu://p?size=8M&prefault=0");
+  CXLRT_ASSERT_OK(uri);
+  EXPECT_EQ(uri->prefault, false);
+  EXPECT_EQ(uri->ToString(), "emu://p?size=8388608&prefault=0");
+  EXPECT_EQ(uri->ForOpeners(), "emu://p?prefault=0");
+  EXPECT_FALSE(ParsePoolUri("emu://p").value().prefault.has_value());
+  CXLRT_EXPECT_ERROR(ParsePoolUri("emu://p?prefault=yes"), absl::StatusCode::kInvalidArgument,
+                     "prefault 'yes' is not 0");
+}
+
 TEST(UriTest, DeviceAndModelParametersRoundTrip) {
   auto uri = ParsePoolUri("emu://m?size=8M&devices=4&model=switch&latency_ns=900&bw_gbps=12.5");
   CXLRT_ASSERT_OK(uri);
