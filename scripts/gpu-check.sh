@@ -71,7 +71,8 @@ step device_test 30 "$bin/device_test" --gtest_brief=1
 step gpu_test 240 "$bin/gpu_test" --gtest_brief=1
 # The Python side: CUDA tensors through the API, KV paged caches in GPU
 # memory, and the torch backend's calls on CUDA tensors against Gloo.
-step python_gpu 420 env PYTHONPATH="$pypath" TORCH_EXTENSIONS_DIR="$LOG/torch_ext" \
+# The GPU image has its own torch: the backend compiles there (CXLRT_TORCH_JIT).
+step python_gpu 420 env PYTHONPATH="$pypath" TORCH_EXTENSIONS_DIR="$LOG/torch_ext" CXLRT_TORCH_JIT=1 \
   python3 -m pytest -q -p no:cacheprovider python/tests/gpu
 step dma 60 "$bin/cxlrt" bench dma -b 64K -e 256M
 step doorbell 90 "$bin/cxlrt" bench doorbell -b 8 -e 1M -f 8

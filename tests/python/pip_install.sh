@@ -3,8 +3,10 @@
 # into a fresh venv (its build dependencies come from PyPI), and runs an
 # all-reduce and a KV round trip with the installed package, from outside
 # the source tree. Then, where the project's venv has torch, the torch
-# backend from the installed package (its source, headers and libcxlrt.so
-# all inside the package).
+# backend from the installed package: refused, saying why, without a module
+# built against torch (pip's isolated build has none), and compiled at
+# first use from the package's own source, headers and libcxlrt.so with
+# CXLRT_TORCH_JIT=1.
 #
 # Usage: pip_install.sh [WHEEL_BUILD_DIR]
 # With WHEEL_BUILD_DIR (ctest passes build/python-wheel), scikit-build-core
@@ -77,7 +79,20 @@ ccache_dir=/usr/lib/ccache
 if [[ -x $ccache_dir/c++ ]]; then export PATH=$ccache_dir:$PATH; fi
 # A run killed mid-compile leaves torch's lock, which the next would wait on.
 rm -f "$torch_ext"/*/lock
-PYTHONPATH="$site" TORCH_EXTENSIONS_DIR="$torch_ext" OMP_NUM_THREADS=1 \
+# pip's isolated build has no torch, so the wheel carries the backend's
+# source but not its compiled module: importing it must say so and how to
+# get one, and CXLRT_TORCH_JIT=1 must compile it from the package's own
+# source, headers and libcxlrt.so.
+PYTHONPATH="$site" "$venv_py" - <<'PY'
+try:
+    import cxlrt.torch_backend  # noqa: F401
+except ImportError as e:
+    assert "is not built" in str(e) and "CXLRT_TORCH_JIT=1" in str(e), e
+    print("without a prebuilt backend the import says why:", str(e)[:80], "...")
+else:
+    raise AssertionError("cxlrt.torch_backend imported from a wheel built without torch")
+PY
+PYTHONPATH="$site" TORCH_EXTENSIONS_DIR="$torch_ext" OMP_NUM_THREADS=1 CXLRT_TORCH_JIT=1 \
 MASTER_ADDR=127.0.0.1 MASTER_PORT=29421 "$venv_py" - <<'PY'
 import os
 import torch
@@ -85,6 +100,7 @@ import torch.distributed as dist
 import cxlrt
 import cxlrt.torch_backend  # noqa: F401
 from cxlrt import _paths
+assert cxlrt.torch_backend.EXTENSION_ORIGIN == "jit", cxlrt.torch_backend.EXTENSION_ORIGIN
 assert "site-packages" in cxlrt.__file__, cxlrt.__file__
 assert os.path.exists(os.path.join(_paths.LIB_DIR, "libcxlrt.so")), _paths.LIB_DIR
 assert os.path.exists(os.path.join(_paths.INCLUDE_DIR, "collectives", "communicator.h"))
