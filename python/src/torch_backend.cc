@@ -411,7 +411,7 @@ class CxlrtBackend : public c10d::Backend {
       std::vector<at::Tensor> outs = outputs[0];
       for (const at::Tensor& o : outs) Same(o, in);
       return Enqueue(c10d::OpType::ALLGATHER, outs,
-                     Named("all_gather", [=](collectives::Communicator& c, void* stream) {
+                     Named("all_gather", [=, this](collectives::Communicator& c, void* stream) {
                        // Gathered into one flat buffer, then split into the caller's tensors.
                        at::Tensor flat = at::empty({size_ * in.numel()}, in.options());
                        absl::Status s = c.AllGather(in.data_ptr(), flat.data_ptr(), in.numel(),
@@ -503,11 +503,12 @@ class CxlrtBackend : public c10d::Backend {
               "(input ",
               input.numel(), " elements, output ", output.numel(), ", world size ", size_, ")"));
         }
-        return Enqueue(c10d::OpType::ALLTOALL_BASE, {out},
-                       Named("all_to_all_single", [=](collectives::Communicator& c, void* stream) {
-                         return c.AllToAll(in.data_ptr(), out.data_ptr(), in.numel() / size_,
-                                           TypeOf(in), stream);
-                       }));
+        return Enqueue(
+            c10d::OpType::ALLTOALL_BASE, {out},
+            Named("all_to_all_single", [=, this](collectives::Communicator& c, void* stream) {
+              return c.AllToAll(in.data_ptr(), out.data_ptr(), in.numel() / size_, TypeOf(in),
+                                stream);
+            }));
       }
       std::vector<size_t> sc, sd, rc, rd;
       RowSplits(input, input_splits, "input", sc, sd);
@@ -561,7 +562,7 @@ class CxlrtBackend : public c10d::Backend {
       const int64_t n = inputs[0].numel();
       return Enqueue(
           c10d::OpType::ALLTOALL, outs,
-          Named("all_to_all", [=](collectives::Communicator& c, void* stream) {
+          Named("all_to_all", [=, this](collectives::Communicator& c, void* stream) {
             at::Tensor flat_out = at::empty({static_cast<int64_t>(rtotal)}, flat_in.options());
             absl::Status s = even ? c.AllToAll(flat_in.data_ptr(), flat_out.data_ptr(), n,
                                                TypeOf(flat_in), stream)
@@ -592,7 +593,7 @@ class CxlrtBackend : public c10d::Backend {
         for (const at::Tensor& o : outs) Same(o, in);
       }
       return Enqueue(c10d::OpType::GATHER, outs,
-                     Named("gather", [=](collectives::Communicator& c, void* stream) {
+                     Named("gather", [=, this](collectives::Communicator& c, void* stream) {
                        at::Tensor flat =
                            at::empty({rank_ == root ? size_ * in.numel() : 0}, in.options());
                        absl::Status s = c.Gather(in.data_ptr(), flat.data_ptr(), in.numel(),
@@ -688,21 +689,22 @@ class CxlrtBackend : public c10d::Backend {
         }
       }
       std::vector<at::Tensor> ins = inputs;
-      return Enqueue(c10d::OpType::ALLGATHER_COALESCED, outs,
-                     Named("all_gather_coalesced", [=](collectives::Communicator& c, void* stream) {
-                       at::Tensor flat = Flatten(ins);
-                       at::Tensor all = at::empty({size_ * flat.numel()}, flat.options());
-                       absl::Status s = c.AllGather(flat.data_ptr(), all.data_ptr(), flat.numel(),
-                                                    TypeOf(flat), stream);
-                       if (s.ok()) {
-                         const size_t k = ins.size();
-                         for (int r = 0; r < size_; ++r) {
-                           Unflatten(all.narrow(0, r * flat.numel(), flat.numel()),
-                                     {outs.begin() + r * k, outs.begin() + (r + 1) * k});
-                         }
-                       }
-                       return s;
-                     }));
+      return Enqueue(
+          c10d::OpType::ALLGATHER_COALESCED, outs,
+          Named("all_gather_coalesced", [=, this](collectives::Communicator& c, void* stream) {
+            at::Tensor flat = Flatten(ins);
+            at::Tensor all = at::empty({size_ * flat.numel()}, flat.options());
+            absl::Status s =
+                c.AllGather(flat.data_ptr(), all.data_ptr(), flat.numel(), TypeOf(flat), stream);
+            if (s.ok()) {
+              const size_t k = ins.size();
+              for (int r = 0; r < size_; ++r) {
+                Unflatten(all.narrow(0, r * flat.numel(), flat.numel()),
+                          {outs.begin() + r * k, outs.begin() + (r + 1) * k});
+              }
+            }
+            return s;
+          }));
     });
   }
 
@@ -717,7 +719,7 @@ class CxlrtBackend : public c10d::Backend {
       std::vector<at::Tensor> ins = inputs, outs = outputs;
       return Enqueue(c10d::OpType::COALESCED, outs,
                      Named("all_gather_into_tensor_coalesced",
-                           [=](collectives::Communicator& c, void* stream) {
+                           [=, this](collectives::Communicator& c, void* stream) {
                              at::Tensor flat = Flatten(ins);
                              at::Tensor all = at::empty({size_, flat.numel()}, flat.options());
                              absl::Status s = c.AllGather(flat.data_ptr(), all.data_ptr(),
@@ -745,18 +747,20 @@ class CxlrtBackend : public c10d::Backend {
       PairedBy(inputs, outputs, "input", "output");
       const RedOp op = OpOf(opts.reduceOp);
       std::vector<at::Tensor> ins = inputs, outs = outputs;
-      return Enqueue(
-          c10d::OpType::COALESCED, outs,
-          Named("reduce_scatter_tensor_coalesced", [=](collectives::Communicator& c, void* stream) {
-            std::vector<at::Tensor> shards;
-            for (const at::Tensor& t : ins) shards.push_back(t.reshape({size_, -1}));
-            at::Tensor packed = at::cat(shards, 1).contiguous();
-            at::Tensor mine = at::empty({packed.size(1)}, packed.options());
-            absl::Status s = c.ReduceScatter(packed.data_ptr(), mine.data_ptr(), mine.numel(),
-                                             TypeOf(mine), op, stream);
-            if (s.ok()) Unflatten(mine, outs);
-            return s;
-          }));
+      return Enqueue(c10d::OpType::COALESCED, outs,
+                     Named("reduce_scatter_tensor_coalesced",
+                           [=, this](collectives::Communicator& c, void* stream) {
+                             std::vector<at::Tensor> shards;
+                             for (const at::Tensor& t : ins)
+                               shards.push_back(t.reshape({size_, -1}));
+                             at::Tensor packed = at::cat(shards, 1).contiguous();
+                             at::Tensor mine = at::empty({packed.size(1)}, packed.options());
+                             absl::Status s =
+                                 c.ReduceScatter(packed.data_ptr(), mine.data_ptr(), mine.numel(),
+                                                 TypeOf(mine), op, stream);
+                             if (s.ok()) Unflatten(mine, outs);
+                             return s;
+                           }));
     });
   }
 
@@ -818,8 +822,9 @@ class CxlrtBackend : public c10d::Backend {
       why = absl::StrCat("Ranks ", absl::StrJoin(missing, ", "),
                          " failed to pass monitoredBarrier in ", timeout.count(), " ms");
     }
-    std::vector<uint8_t> answer{static_cast<uint8_t>(why.empty() ? 0 : 1)};
-    answer.insert(answer.end(), why.begin(), why.end());
+    // One byte (1: failed) and the message.
+    const std::string text = std::string(1, why.empty() ? '\0' : '\1') + why;
+    const std::vector<uint8_t> answer(text.begin(), text.end());
     store_->set(prefix + "done", answer);
     if (!why.empty()) fail(why);
   }
@@ -859,7 +864,7 @@ class CxlrtBackend : public c10d::Backend {
  private:
   struct Job {
     c10::intrusive_ptr<CxlrtWork> work;
-    std::function<absl::Status(collectives::Communicator&, void* stream)> run;
+    std::function<absl::Status(void* stream)> run;  // Named: makes the communicator first
   };
 
   static at::Tensor One(const std::vector<at::Tensor>& tensors) {
@@ -875,9 +880,8 @@ class CxlrtBackend : public c10d::Backend {
     }
   }
 
-  c10::intrusive_ptr<c10d::Work> Enqueue(
-      c10d::OpType type, std::vector<at::Tensor> outputs,
-      std::function<absl::Status(collectives::Communicator&, void* stream)> run) {
+  c10::intrusive_ptr<c10d::Work> Enqueue(c10d::OpType type, std::vector<at::Tensor> outputs,
+                                         std::function<absl::Status(void* stream)> run) {
     std::optional<c10::Stream> stream = StreamOf(outputs);
     auto work = c10::make_intrusive<CxlrtWork>(rank_, type, std::move(outputs), stream);
     ++seq_;
@@ -905,7 +909,7 @@ class CxlrtBackend : public c10d::Backend {
     if (stream) on.emplace(*stream);
     std::exception_ptr error;
     try {
-      absl::Status s = job.run(Comm(), stream ? stream->native_handle() : nullptr);
+      absl::Status s = job.run(stream ? stream->native_handle() : nullptr);
       if (!s.ok()) Raise(s);
     } catch (...) {
       error = std::current_exception();
@@ -955,15 +959,18 @@ class CxlrtBackend : public c10d::Backend {
     absl::ConsumePrefix(&what, "cxlrt: ");
     return absl::StrCat("cxlrt: [Rank ", rank_, "] ", call, ": ", what);
   }
-  // A call's body whose failure names the rank and the call; a deadline is
-  // worded as torch's own backends word a timeout ("Timed out", which
-  // torch's tooling matches case-sensitively as " (Timed out|closed|timeout) ").
+  // A call's body, run on the group's communicator (made at the first
+  // call), whose failure names the rank and the call, making the
+  // communicator included; a deadline is worded as torch's own backends
+  // word a timeout ("Timed out", which torch's tooling matches
+  // case-sensitively as " (Timed out|closed|timeout) ").
   template <typename Fn>
-  std::function<absl::Status(collectives::Communicator&, void*)> Named(const char* call, Fn fn) {
-    return [this, call, fn](collectives::Communicator& c, void* stream) -> absl::Status {
+  std::function<absl::Status(void*)> Named(const char* call, Fn fn) {
+    return [this, call, fn](void* stream) -> absl::Status {
       absl::Status s;
       try {
-        s = fn(c, stream);
+        absl::StatusOr<collectives::Communicator*> c = Comm();
+        s = c.ok() ? fn(**c, stream) : c.status();
       } catch (const std::exception& e) {
         s = absl::InternalError(e.what());
       }
@@ -1071,7 +1078,7 @@ class CxlrtBackend : public c10d::Backend {
     at::Tensor t = tensor;
     return Enqueue(
         c10d::OpType::ALLREDUCE, {t},
-        Named("all_reduce", [=](collectives::Communicator& c, void* stream) -> absl::Status {
+        Named("all_reduce", [=, this](collectives::Communicator& c, void* stream) -> absl::Status {
           const at::Tensor in = t.coalesce();
           const at::Tensor idx = in._indices().contiguous(), val = in._values().contiguous();
           const int64_t nnz = in._nnz(), sparse_dim = in.sparse_dim();
@@ -1110,26 +1117,24 @@ class CxlrtBackend : public c10d::Backend {
   }
 
   // The collective communicator, made at the group's first collective
-  // (every rank calls it). REQUIRES: the caller runs calls (busy_).
-  collectives::Communicator& Comm() {
-    if (comm_) return *comm_;
-    if (comm_error_) std::rethrow_exception(comm_error_);
-    try {
-      collectives::CommOptions o;
-      o.timeout = absl::FromChrono(timeout_);
-      o.p2p_bytes = 256;  // the smallest channels: its Send/Recv are unused
-      auto comm = collectives::Communicator::Create(*host_->alloc, name_, size_, rank_, o);
-      if (!comm.ok()) {
-        Raise(absl::Status(comm.status().code(),
-                           absl::StrCat("rank ", rank_, " of ", size_, " making the group's ",
-                                        "communicator: ", comm.status().message())));
-      }
-      comm_ = *std::move(comm);
-    } catch (...) {
-      comm_error_ = std::current_exception();
-      throw;
+  // (every rank calls it); a failure to make it answers every later call.
+  // REQUIRES: the caller runs calls (busy_).
+  absl::StatusOr<collectives::Communicator*> Comm() {
+    if (comm_) return comm_.get();
+    if (!comm_status_.ok()) return comm_status_;
+    collectives::CommOptions o;
+    o.timeout = absl::FromChrono(timeout_);
+    o.p2p_bytes = 256;  // the smallest channels: its Send/Recv are unused
+    auto comm = collectives::Communicator::Create(*host_->alloc, name_, size_, rank_, o);
+    if (!comm.ok()) {
+      comm_status_ = absl::Status(
+          comm.status().code(),
+          absl::StrCat("making the group's communicator (rank ", rank_, " of ", size_,
+                       ", at the group's first collective): ", comm.status().message()));
+      return comm_status_;
     }
-    return *comm_;
+    comm_ = *std::move(comm);
+    return comm_.get();
   }
 
   // Point to point moves bytes: any element type, as Gloo's.
@@ -1505,7 +1510,7 @@ class CxlrtBackend : public c10d::Backend {
   std::string name_;  // of the communicators, rank 0's choice
   std::shared_ptr<SharedHost> host_;
   std::unique_ptr<collectives::Communicator> comm_;  // at the first collective
-  std::exception_ptr comm_error_;                    // making comm_ failed
+  absl::Status comm_status_;                         // making comm_ failed
   std::atomic<uint64_t> seq_{0};
   std::mutex mu_;
   std::condition_variable cv_;

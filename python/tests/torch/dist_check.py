@@ -6,6 +6,7 @@ rank, or shared), Gloo's stay on the CPU."""
 
 import os
 import sys
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -17,9 +18,12 @@ if DEVICE == "cuda":
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
     torch.set_default_device("cuda")  # every tensor made below, but Gloo's
 
-dist.init_process_group("cxlrt")
+# Two minutes, not torch's thirty: ranks that a failed check leaves at
+# different calls fail the run within it instead of hanging until ctest's
+# timeout.
+dist.init_process_group("cxlrt", timeout=timedelta(seconds=120))
 rank, n = dist.get_rank(), dist.get_world_size()
-gloo = dist.new_group(backend="gloo")
+gloo = dist.new_group(backend="gloo", timeout=timedelta(seconds=120))
 checked = []
 
 
@@ -176,7 +180,6 @@ dist.barrier()
 # part runs on its own and reports its failure; all must pass. ---
 import re
 import traceback
-from datetime import timedelta
 
 TIMEOUT_PATTERN = re.compile(" (Timed out|closed|timeout) ")  # torch's, case-sensitive
 failed_parts = []
@@ -353,8 +356,9 @@ def timeout_messages():
                 if name == "cxlrt":
                     assert "[Rank 0] barrier" in msg, msg
     dist.barrier(group=gloo)
-    # The other ranks' communicator was aborted by rank 0's timeout: a call
-    # there fails at once, naming why.
+    # The group's communicator is made at its first collective, which only
+    # rank 0 entered: the other ranks' first call fails too (within the
+    # group's timeout), naming the rank and the call.
     if rank != 0:
         try:
             dist.all_reduce(torch.ones(2), group=short)
