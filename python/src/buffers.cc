@@ -264,4 +264,21 @@ void CheckBuffer(const char* call, const char* arg, const Held& b, bool writes, 
   }
 }
 
+void CheckOverlap(const char* call, const Held& x, const Held& out, int rank) {
+  const auto xb = reinterpret_cast<uintptr_t>(x.data());
+  const auto ob = reinterpret_cast<uintptr_t>(out.data());
+  const uint64_t xn = x.bytes(), on = out.bytes();
+  if (xn == 0 || on == 0 || xb >= ob + on || ob >= xb + xn) return;
+  const uint64_t r = static_cast<uint64_t>(rank);
+  const bool allowed = xn == on ? xb == ob : xn < on ? xb == ob + r * xn : ob == xb + r * on;
+  if (allowed) return;
+  throw StatusError{absl::InvalidArgumentError(absl::StrCat(
+      call, ": x (", xn, " bytes) and out (", on, " bytes) overlap ", xb < ob ? ob - xb : xb - ob,
+      " bytes apart; ",
+      xn == on ? std::string("in place is the same buffer for both")
+      : xn < on
+          ? absl::StrCat("in place is x at rank ", rank, "'s part of out (byte ", r * xn, ")")
+          : absl::StrCat("in place is out at rank ", rank, "'s part of x (byte ", r * on, ")")))};
+}
+
 }  // namespace cxlrt::python

@@ -110,6 +110,14 @@ Uses UsesOf(Call c, int nranks, bool root);
 void CheckBuffer(const char* call, const char* arg, const Held& b, bool writes, uint64_t multiple,
                  uint64_t count, const std::string& dtype, const std::string& held_dtype);
 
+// Refuses x and out that overlap other than as NCCL allows: the same
+// buffer (in place), x this rank's part of out (all_gather, gather on the
+// root) or out this rank's part of x (reduce_scatter, scatter on the
+// root). A call with any other overlap reads bytes it has already
+// written: wrong results with an OK status. REQUIRES: both checked by
+// CheckBuffer and used on this rank.
+void CheckOverlap(const char* call, const Held& x, const Held& out, int rank);
+
 }  // namespace cxlrt::python
 
 #endif  // CXLRT_PYTHON_SRC_BUFFERS_H_

@@ -386,6 +386,7 @@ class PyComm {
     const Uses uses = UsesOf(call, size_, HasRoot(call) && root == rank_);
     CheckBuffer(name, "x", *hx, call == Call::kRecv, uses.x, count, dtype, x_dtype);
     if (hout) CheckBuffer(name, "out", *hout, true, uses.out, count, dtype, out_dtype);
+    if (hout && uses.x > 0 && uses.out > 0) CheckOverlap(name, *hx, *hout, rank_);
     void* xp = hx->data();
     void* op = hout ? hout->data() : nullptr;
     Run([&](collectives::Communicator& comm) { return fn(comm, xp, op, type); });

@@ -161,6 +161,49 @@ def test_buffers_a_rank_does_not_use_are_not_checked(uri):
     run_ranks(2, _root_only, uri)
 
 
+def _overlaps(rank, n, uri):
+    """x and out that overlap other than as NCCL allows are refused (the
+    calls read bytes they had written: wrong results with OK); the same
+    buffer, x as this rank's part of out and out as its part of x work."""
+    with cxlrt.Host(uri) as host, host.communicator("overlaps", n, rank, timeout=30) as comm:
+        N = 64
+        buf = np.arange(N * n + 8, dtype=np.float32)
+        calls = {
+            "all_reduce": lambda: comm.all_reduce(buf[0:N], out=buf[1:N + 1]),
+            "all_gather": lambda: comm.all_gather(buf[3:3 + N], buf[0:N * n]),
+            "reduce_scatter": lambda: comm.reduce_scatter(buf[0:N * n], buf[2:2 + N]),
+            "all_to_all": lambda: comm.all_to_all(buf[0:N * n], buf[4:4 + N * n]),
+        }
+        for name, call in calls.items():
+            before = buf.copy()
+            with pytest.raises(cxlrt.InvalidArgumentError, match=f"{name}: x .* and out .* overlap"):
+                call()
+            assert (buf == before).all(), name
+        out = np.zeros(N * n, np.float32)
+        out[rank * N:(rank + 1) * N] = rank + 1
+        comm.all_gather(out[rank * N:(rank + 1) * N], out)
+        np.testing.assert_array_equal(out, np.repeat(np.arange(1, n + 1), N))
+        x = np.arange(N * n, dtype=np.float32)
+        comm.reduce_scatter(x, x[rank * N:(rank + 1) * N])
+        np.testing.assert_array_equal(x[rank * N:(rank + 1) * N],
+                                      n * np.arange(rank * N, (rank + 1) * N))
+        y = np.full(N, rank + 1, np.float32)
+        comm.all_reduce(y, out=y)
+        assert (y == n * (n + 1) // 2).all()
+        g = np.zeros(N * n, np.float32)
+        g[rank * N:(rank + 1) * N] = rank + 1
+        comm.gather(g[rank * N:(rank + 1) * N], g if rank == 0 else np.empty(0, np.float32))
+        if rank == 0:
+            np.testing.assert_array_equal(g, np.repeat(np.arange(1, n + 1), N))
+        s = np.arange(N * n, dtype=np.float32)
+        comm.scatter(s if rank == 0 else np.empty(0, np.float32), s[rank * N:(rank + 1) * N])
+        np.testing.assert_array_equal(s[rank * N:(rank + 1) * N], np.arange(rank * N, (rank + 1) * N))
+
+
+def test_overlapping_x_and_out_are_refused(uri):
+    run_ranks(2, _overlaps, uri)
+
+
 # --- Defect 2: objects made from a Host keep what they use alive ---
 
 def _host_closed_first(rank, n, uri):
