@@ -299,7 +299,14 @@ class CxlrtBackend : public c10d::Backend {
       : Backend(rank, size), store_(store), timeout_(timeout) {
     // Rank 0 makes the pool when it does not exist, and names the
     // communicators; the others wait for both through the store (torch
-    // gives each group a store of its own).
+    // gives each group a store of its own). A group made again after
+    // destroy_process_group gets the same store keys, and the earlier
+    // group's name is still there: each making of the group counts itself
+    // (every rank adds 1, and no rank makes the next one before all have
+    // made this one: Create below waits for all), and its name has a key
+    // of its own.
+    made_ = (store->add("cxlrt/made", 1) - 1) / size;
+    const std::string key = absl::StrCat("cxlrt/communicator/", made_);
     if (rank == 0) {
       // Made here unless the caller made it (torch_backend.py does, so
       // that the pool goes when the job's process exits).
@@ -307,9 +314,9 @@ class CxlrtBackend : public c10d::Backend {
       if (!made.ok() && !absl::IsAlreadyExists(made.status())) Raise(made.status());
       std::random_device rd;
       name_ = absl::StrCat("torch-", rd(), "-", rd());
-      store->set("cxlrt/communicator", std::vector<uint8_t>(name_.begin(), name_.end()));
+      store->set(key, std::vector<uint8_t>(name_.begin(), name_.end()));
     } else {
-      const std::vector<uint8_t> got = store->get("cxlrt/communicator");
+      const std::vector<uint8_t> got = store->get(key);
       name_.assign(got.begin(), got.end());
     }
     host_ = HostFor(pool_uri, absl::StrCat("rank ", rank, " of ", size));
@@ -771,7 +778,8 @@ class CxlrtBackend : public c10d::Backend {
   // missing rank does not abort it.
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override {
     const auto timeout = opts.timeout == c10d::kUnsetTimeout ? timeout_ : opts.timeout;
-    const std::string prefix = absl::StrCat("cxlrt/monitored_barrier/", ++monitored_barriers_, "/");
+    const std::string prefix =
+        absl::StrCat("cxlrt/monitored_barrier/", made_, "/", ++monitored_barriers_, "/");
     auto fail = [&](const std::string& why) {
       throw std::runtime_error(absl::StrCat("cxlrt: [Rank ", rank_, "] monitored_barrier: ", why));
     };
@@ -1506,6 +1514,7 @@ class CxlrtBackend : public c10d::Backend {
   // The group's store (monitored_barrier), as created.
   const c10::intrusive_ptr<c10d::Store> store_;
   uint64_t monitored_barriers_ = 0;  // calls so far: their store keys
+  int64_t made_ = 0;                 // this making of the group's store keys (the constructor)
   const std::chrono::milliseconds timeout_;
   std::string name_;  // of the communicators, rank 0's choice
   std::shared_ptr<SharedHost> host_;
