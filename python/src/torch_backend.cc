@@ -441,7 +441,7 @@ class CxlrtBackend : public c10d::Backend {
       if (output.numel() != input.numel() * size_ || output.scalar_type() != input.scalar_type()) {
         throw std::invalid_argument("cxlrt: the output must hold world size times the input");
       }
-      at::Tensor in = input, out = output;
+      at::Tensor out = output, in = Apart(input, output, /*in_is_part=*/true);
       return Enqueue(
           c10d::OpType::_ALLGATHER_BASE, {out},
           Named("all_gather_into_tensor", [=](collectives::Communicator& c, void* stream) {
@@ -477,7 +477,7 @@ class CxlrtBackend : public c10d::Backend {
       if (input.numel() != output.numel() * size_ || output.scalar_type() != input.scalar_type()) {
         throw std::invalid_argument("cxlrt: the input must hold world size times the output");
       }
-      at::Tensor in = input, out = output;
+      at::Tensor out = output, in = Apart(input, output, /*in_is_part=*/false);
       const RedOp op = OpOf(opts.reduceOp);
       return Enqueue(
           c10d::OpType::_REDUCE_SCATTER_BASE, {out},
@@ -1029,6 +1029,18 @@ class CxlrtBackend : public c10d::Backend {
     const auto* pa = static_cast<const char*>(a.data_ptr());
     const auto* pb = static_cast<const char*>(b.data_ptr());
     return a.nbytes() > 0 && b.nbytes() > 0 && pa < pb + b.nbytes() && pb < pa + a.nbytes();
+  }
+  // The input of an all-gather (`in_is_part`: it is one rank's part of the
+  // output) or of a reduce-scatter (the output is one part of it): itself
+  // when apart from the output or in NCCL's in-place form (this rank's part
+  // is the smaller one), which the collectives read correctly; otherwise a
+  // copy, since the output would overwrite input bytes not yet read.
+  at::Tensor Apart(const at::Tensor& in, const at::Tensor& out, bool in_is_part) const {
+    if (!Overlap(in, out)) return in;
+    const at::Tensor& part = in_is_part ? in : out;
+    const at::Tensor& whole = in_is_part ? out : in;
+    const auto* at = static_cast<const char*>(whole.data_ptr()) + rank_ * part.nbytes();
+    return part.data_ptr() == at ? in : in.clone();
   }
   // At least one tensor; all dense, of one element type and device.
   static void OneType(const std::vector<at::Tensor>& ts) {

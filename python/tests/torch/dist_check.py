@@ -397,6 +397,36 @@ def monitored_barriers():
         dist.barrier(group=gloo)
 
 
+@part
+def overlapping_buffers():
+    # An output that overlaps the input other than in NCCL's in-place form
+    # (this rank's part) still gets the input's values: the backend reads
+    # the input before writing (review of issue 25: wrong bytes, no error).
+    N = 6
+    buf = torch.zeros(n * N + 1)
+    buf[:n * N] = value(rank, n * N, torch.float32)
+    want = sum(value(r, n * N, torch.float32) for r in range(n))[rank * N:(rank + 1) * N]
+    dist.reduce_scatter_tensor(buf[1:1 + N], buf[:n * N])
+    same("reduce_scatter_tensor, output shifted into the input ref", buf[1:1 + N], want)
+    buf = torch.zeros(n * N + 1)
+    buf[1:1 + N] = value(rank, N, torch.float32)
+    dist.all_gather_into_tensor(buf[:n * N], buf[1:1 + N])
+    same("all_gather_into_tensor, input shifted into the output ref", buf[:n * N],
+         torch.cat([value(r, N, torch.float32) for r in range(n)]))
+    # NCCL's in-place forms, unchanged.
+    buf = value(rank, n * N, torch.float32)
+    dist.reduce_scatter_tensor(buf[rank * N:(rank + 1) * N], buf.clone())
+    mine = buf[rank * N:(rank + 1) * N].clone()
+    buf = value(rank, n * N, torch.float32)
+    dist.reduce_scatter_tensor(buf[rank * N:(rank + 1) * N], buf)
+    same("reduce_scatter_tensor in place ref", buf[rank * N:(rank + 1) * N], mine)
+    buf = torch.zeros(n * N)
+    buf[rank * N:(rank + 1) * N] = value(rank, N, torch.float32)
+    dist.all_gather_into_tensor(buf, buf[rank * N:(rank + 1) * N])
+    same("all_gather_into_tensor in place ref", buf,
+         torch.cat([value(r, N, torch.float32) for r in range(n)]))
+
+
 if failed_parts:
     raise SystemExit(f"rank {rank}: parts failed: {', '.join(failed_parts)}")
 
