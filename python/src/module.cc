@@ -349,8 +349,14 @@ class PyComm {
     }
     Check(s);
   }
+  // Marks the communicator aborted for every rank. After the call in flight
+  // on another thread, if any: the C++ Communicator is used by one thread
+  // at a time, and cannot yet be interrupted from another (ncclCommAbort's
+  // role; the review of issue 25 found a data race on its failure state).
   void Abort(const std::string& why) {
     Gate::Pass pass = Enter();
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> l(run_mu_);
     comm_->Abort(why);
   }
 

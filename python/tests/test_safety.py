@@ -323,6 +323,29 @@ def test_close_while_another_thread_is_inside_a_call(uri):
     run_ranks(1, _close_under_calls, uri)
 
 
+def _abort_under_calls(rank, n, uri):
+    with cxlrt.Host(uri) as host:
+        comm = host.communicator("aborted", 1, 0)
+        x = np.ones(4 << 20, np.float32)
+        errors, stop = [], threading.Event()
+        t = threading.Thread(target=_hammer, args=(lambda: comm.all_reduce(x), errors, stop))
+        t.start()
+        time.sleep(0.2)
+        comm.abort("test")  # after the call in flight; the next one raises
+        t.join(30)
+        stop.set()
+        # The next call names the abort and its reason.
+        assert len(errors) == 1 and isinstance(errors[0], cxlrt.FailedPreconditionError), errors
+        assert "aborted" in str(errors[0]) and "test" in str(errors[0]), errors[0]
+        comm.destroy()
+
+
+def test_abort_from_another_thread_waits_for_the_call_in_flight(uri):
+    # The C++ communicator is used by one thread at a time: abort() from
+    # another thread once raced the call's own failure state (review).
+    run_ranks(1, _abort_under_calls, uri)
+
+
 # --- Defect 4: buffer exports held for the length of the call ---
 
 def _resize_during_calls(rank, n, uri):
