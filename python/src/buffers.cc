@@ -105,9 +105,23 @@ constexpr uint64_t kReadOnly = 1;  // DLPACK_FLAG_BITMASK_READ_ONLY
 }  // namespace dlpack
 }  // namespace
 
+// Consumes a checked capsule as DLPack's protocol says: renamed "used_...",
+// so no other consumer takes it (and frees the memory under cxlrt's view),
+// and the returned owner calls the producer's deleter when the last view
+// of it goes.
+template <typename Managed>
+py::object Consume(const py::capsule& cap, const char* name, const char* used) {
+  auto* m = static_cast<Managed*>(PyCapsule_GetPointer(cap.ptr(), name));
+  if (!m || PyCapsule_SetName(cap.ptr(), used) != 0) throw py::error_already_set();
+  return py::capsule(m, [](void* p) {
+    auto* t = static_cast<Managed*>(p);
+    if (t->deleter) t->deleter(t);
+  });
+}
+
 // (buffer or DeviceSpan, cxlrt dtype, elements) of an unconsumed
-// "dltensor" or "dltensor_versioned" capsule, which the result holds (the
-// capsule keeps the producer's memory until it goes). `writable`: the
+// "dltensor" or "dltensor_versioned" capsule, which the result consumes and
+// holds (the producer's memory stays until the view goes). `writable`: the
 // caller will write the memory, refused (InvalidArgumentError) when the
 // array is read-only: a DLPack 1.0 capsule flags it so, and a legacy
 // capsule cannot say otherwise (it has no flag, and JAX and TensorFlow
@@ -166,19 +180,21 @@ py::tuple DlpackView(const py::capsule& cap, bool writable) {
   }
   const size_t nbytes = static_cast<size_t>(count) * (d.bits / 8);
   auto* p = static_cast<uint8_t*>(t.data) + t.byte_offset;
+  const int device = t.device.type;
+  if (device != 1 && device != 3 && device != 2 && device != 13) {
+    throw StatusError{absl::InvalidArgumentError(absl::StrCat(
+        "a DLPack array on device type ", device, ": cxlrt moves CPU and CUDA memory"))};
+  }
+  // Checked: consumed only now, so a refused capsule stays its producer's.
+  const py::object owner = name == "dltensor_versioned"
+                               ? Consume<dlpack::ManagedTensorVersioned>(cap, "dltensor_versioned",
+                                                                         "used_dltensor_versioned")
+                               : Consume<dlpack::ManagedTensor>(cap, "dltensor", "used_dltensor");
   py::object view;
-  switch (t.device.type) {
-    case 1:  // CPU
-    case 3:  // CUDA host memory
-      view = py::cast(DlpackMemory{cap, p, nbytes, readonly});
-      break;
-    case 2:   // CUDA
-    case 13:  // CUDA managed
-      view = py::cast(DeviceSpan{reinterpret_cast<uint64_t>(p), nbytes, cap, readonly});
-      break;
-    default:
-      throw StatusError{absl::InvalidArgumentError(absl::StrCat(
-          "a DLPack array on device type ", t.device.type, ": cxlrt moves CPU and CUDA memory"))};
+  if (device == 1 || device == 3) {  // CPU, CUDA host memory
+    view = py::cast(DlpackMemory{owner, p, nbytes, readonly});
+  } else {  // CUDA, CUDA managed
+    view = py::cast(DeviceSpan{reinterpret_cast<uint64_t>(p), nbytes, owner, readonly});
   }
   return py::make_tuple(view, type->second, count);
 }

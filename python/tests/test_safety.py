@@ -462,6 +462,31 @@ class DlpackOf:
         return self.arr.__dlpack_device__()
 
 
+def test_a_dlpack_capsule_is_consumed_by_its_view():
+    # DLPack's protocol: the consumer renames the capsule and calls the
+    # producer's deleter when done. A view that left it unconsumed let a
+    # second consumer take it and free the memory under cxlrt's view
+    # (SIGSEGV; review of issue 25).
+    import gc
+    import weakref
+    from cxlrt import _cxlrt
+
+    arr = np.full(1 << 20, 7, np.uint8)
+    alive = weakref.ref(arr)
+    cap = arr.__dlpack__()
+    view, dtype, count = _cxlrt.dlpack_view(cap, False)
+    assert (dtype, count) == ("uint8", 1 << 20)
+    with pytest.raises(cxlrt.InvalidArgumentError, match="unconsumed"):
+        _cxlrt.dlpack_view(cap, False)  # taken: no second consumer
+    del arr, cap
+    gc.collect()
+    assert alive() is not None  # the view holds the producer's memory
+    assert (np.frombuffer(memoryview(view), np.uint8) == 7).all()
+    del view
+    gc.collect()
+    assert alive() is None  # and its deleter ran when the view went
+
+
 # --- Property test: shapes, types, strides and wrong outs for every call ---
 
 DTYPES = ["int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32",
