@@ -34,6 +34,9 @@ constexpr FaultPointInfo kFaultPoints[] = {
     {"membership.fence.locked",
      "fence holds the pool lock; the victim's control line is unchanged"},
     {"membership.detach.locked", "detach holds the pool lock; the slot is still attached"},
+    {"membership.detach.freed",
+     "detach wrote the slot's control line free at the next epoch; the heartbeat thread still "
+     "runs; the lock is held"},
     {"alloc.claim.after_entry",
      "a segment claim wrote the segment's table entry (owned, under the pool lock); its header is "
      "not initialised"},

@@ -351,7 +351,11 @@ absl::Status Membership::Detach() {
         return CheckSelf();
       }
       CXLRT_FAULT_POINT("membership.detach.locked");
+      // Before the record changes: the heartbeat thread, still running,
+      // must not take this host's own epoch bump for a fencing.
+      leaving_.store(true);
       WriteControl(slot_, epoch_ + 1, SlotState::kFree, 0);
+      CXLRT_FAULT_POINT("membership.detach.freed");
       return absl::OkStatus();
     });
   } else {
@@ -386,7 +390,10 @@ void Membership::HeartbeatLoop() {
     lock.unlock();
     if (attached_.load()) {
       auto r = pool_.ReadHost(slot_);
-      if (r.ok() && r->epoch != epoch_) {
+      // leaving_ is read after the record (x86 keeps the loads in order,
+      // and Detach sets it before its store): a new epoch with leaving_
+      // set is this host's own Detach, not a survivor's fencing.
+      if (r.ok() && r->epoch != epoch_ && !leaving_.load()) {
         fenced_ = true;
         CXLRT_LOG(kError) << "this host (slot " << slot_ << " of " << pool_.name()
                           << ") was fenced by slot " << r->changed_by << " (epoch " << epoch_

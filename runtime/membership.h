@@ -158,6 +158,7 @@ class Membership {
   uint64_t epoch_ = 0;
   std::atomic<uint64_t> beats_{0};
   std::atomic<bool> fenced_{false};
+  std::atomic<bool> leaving_{false};  // Detach is freeing the slot (its own epoch bump)
   std::atomic<bool> attached_{false};
 
   std::unique_ptr<Liveness_> liveness_;
