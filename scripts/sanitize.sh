@@ -2,8 +2,8 @@
 # The suite under the sanitizers, built with clang (docs/testing.md):
 #  1. AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/): every
 #     test (the spin models aside: no C++ in them) and each libFuzzer
-#     harness for CXLRT_FUZZ_SECONDS (default 60) from its seed corpus, at
-#     the baseline CPU level (CXLRT_SANITIZE_CPU_LEVEL changes it).
+#     harness for CXLRT_FUZZ_SECONDS (default 60) from its seed corpus
+#     (CXLRT_SANITIZE_CPU_LEVEL sets the CPU level; default auto).
 #  2. ThreadSanitizer (build-tsan/): the in-process thread tests (allocator
 #     thread caches and free queues, KV copy threads), with the races on
 #     pool memory left out by tests/tsan.supp (why: there).
@@ -17,11 +17,13 @@ echo "== sanitize: ASan + UBSan, with the fuzzers"
 cmake -S . -B build-asan "${clang[@]}" -DCXLRT_SANITIZE=address,undefined -DCXLRT_FUZZ=ON \
   -DCXLRT_FUZZ_SECONDS="${CXLRT_FUZZ_SECONDS:-60}" >/dev/null
 cmake --build build-asan -j"$jobs"
-# The whole suite runs here at the baseline CPU level (SSE2 kernels), while
-# scripts/test.sh's GCC build runs it at the machine's highest: every test
-# passes at both ends on any machine, and the kernel tests (reduce_test,
-# cpu_kernels_test) still cover every level the CPU has in both builds.
-CXLRT_CPU_LEVEL="${CXLRT_SANITIZE_CPU_LEVEL:-baseline}" \
+# CXLRT_SANITIZE_CPU_LEVEL=baseline runs this whole suite at the baseline
+# CPU level. Not by default: on 2 cores the slower SSE2 kernels under ASan
+# starved heartbeats past their lease in 1 of 2 runs (the fencing window of
+# docs/allocator.md, "Limits"). The baseline level is covered in both
+# builds by communicator_test_baseline, cpu_features_test_baseline and the
+# kernel tests (reduce_test, cpu_kernels_test: every level the CPU has).
+CXLRT_CPU_LEVEL="${CXLRT_SANITIZE_CPU_LEVEL:-auto}" \
 ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:halt_on_error=1}" \
 UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}" \
   ctest --test-dir build-asan -j2 --output-on-failure --timeout 900 -LE model
