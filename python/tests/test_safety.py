@@ -19,20 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import cxlrt
-from test_cxlrt import Producer, run_ranks
+from test_cxlrt import Producer, run_ranks, uri  # noqa: F401  (uri: the pool fixture)
 
 CANARY = 0xA5
 PAD = 64  # canary bytes on each side of an out buffer
-
-
-@pytest.fixture
-def uri():
-    name = f"pytest-safety-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    u = f"emu://{name}?size=256M"
-    pool = cxlrt.Pool.create(u)
-    yield pool.uri
-    del pool
-    cxlrt.Pool.destroy(u, force=True)
 
 
 def fenced(nbytes):
