@@ -12,11 +12,11 @@
 #include <vector>
 
 #include "bench/harness.h"
-#include "collectives/types.h"
+#include "cxlrt/collectives/types.h"
 #include "nlohmann/json.hpp"
-#include "runtime/coherence.h"
-#include "runtime/config.h"
-#include "runtime/pinning.h"
+#include "cxlrt/runtime/coherence.h"
+#include "cxlrt/runtime/config.h"
+#include "cxlrt/runtime/pinning.h"
 
 namespace cxlrt::bench {
 namespace {

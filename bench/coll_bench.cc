@@ -11,15 +11,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "allocator/allocator.h"
+#include "cxlrt/allocator/allocator.h"
 #include "bench/harness.h"
-#include "collectives/communicator.h"
-#include "collectives/device.h"
+#include "cxlrt/collectives/communicator.h"
+#include "cxlrt/collectives/device.h"
 #include "nlohmann/json.hpp"
-#include "runtime/config.h"
-#include "runtime/membership.h"
-#include "runtime/pinning.h"
-#include "runtime/pool.h"
+#include "cxlrt/runtime/config.h"
+#include "cxlrt/runtime/membership.h"
+#include "cxlrt/runtime/pinning.h"
+#include "cxlrt/runtime/pool.h"
 
 namespace cxlrt::bench {
 namespace {

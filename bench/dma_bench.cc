@@ -8,9 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/harness.h"
-#include "collectives/device.h"
+#include "cxlrt/collectives/device.h"
 #include "nlohmann/json.hpp"
-#include "runtime/status_macros.h"
+#include "cxlrt/runtime/status_macros.h"
 
 namespace cxlrt::bench {
 

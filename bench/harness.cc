@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "runtime/coherence.h"
-#include "runtime/status_macros.h"
+#include "cxlrt/runtime/coherence.h"
+#include "cxlrt/runtime/status_macros.h"
 
 namespace cxlrt::bench {
 

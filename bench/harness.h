@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "allocator/allocator.h"
-#include "runtime/membership.h"
-#include "runtime/pool.h"
+#include "cxlrt/allocator/allocator.h"
+#include "cxlrt/runtime/membership.h"
+#include "cxlrt/runtime/pool.h"
 
 namespace cxlrt::bench {
 

@@ -11,14 +11,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "allocator/allocator.h"
+#include "cxlrt/allocator/allocator.h"
 #include "bench/harness.h"
-#include "collectives/device.h"
-#include "kv/store.h"
+#include "cxlrt/collectives/device.h"
+#include "cxlrt/kv/store.h"
 #include "nlohmann/json.hpp"
-#include "runtime/membership.h"
-#include "runtime/status_macros.h"
-#include "runtime/units.h"
+#include "cxlrt/runtime/membership.h"
+#include "cxlrt/runtime/status_macros.h"
+#include "cxlrt/runtime/units.h"
 
 namespace cxlrt::bench {
 namespace {

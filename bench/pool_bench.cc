@@ -14,10 +14,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/harness.h"
-#include "emulation/access_model.h"
+#include "cxlrt/emulation/access_model.h"
 #include "nlohmann/json.hpp"
-#include "runtime/pool.h"
-#include "runtime/units.h"
+#include "cxlrt/runtime/pool.h"
+#include "cxlrt/runtime/units.h"
 
 namespace cxlrt::bench {
 namespace {

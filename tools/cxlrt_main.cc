@@ -12,9 +12,9 @@
 #include "bench/dma_bench.h"
 #include "bench/kv_bench.h"
 #include "bench/pool_bench.h"
-#include "runtime/config.h"
-#include "runtime/log.h"
-#include "runtime/units.h"
+#include "cxlrt/runtime/config.h"
+#include "cxlrt/runtime/log.h"
+#include "cxlrt/runtime/units.h"
 #include "tools/commands.h"
 
 namespace {

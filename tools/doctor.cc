@@ -9,13 +9,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "collectives/device.h"
+#include "cxlrt/collectives/device.h"
 #include "nlohmann/json.hpp"
-#include "runtime/config.h"
-#include "runtime/cpu_features.h"
-#include "runtime/pool.h"
-#include "runtime/topology.h"
-#include "runtime/units.h"
+#include "cxlrt/runtime/config.h"
+#include "cxlrt/runtime/cpu_features.h"
+#include "cxlrt/runtime/pool.h"
+#include "cxlrt/runtime/topology.h"
+#include "cxlrt/runtime/units.h"
 #include "tools/commands.h"
 
 namespace cxlrt::tools {
@@ -59,7 +59,7 @@ CudaInfo ProbeCuda() {
   return c;
 }
 
-// The GPU data path (collectives/device.h): devices, their PCI and NUMA
+// The GPU data path (cxlrt/collectives/device.h): devices, their PCI and NUMA
 // place, and whether a pool registers with CUDA (a scratch emulated pool of
 // 64 MiB, made and destroyed here).
 std::string ProbeGpuPath() {

@@ -1,7 +1,7 @@
-// `cxlrt run`: the local multi-host launcher (emulation/launcher.h).
+// `cxlrt run`: the local multi-host launcher (cxlrt/emulation/launcher.h).
 #include <cstdio>
 
-#include "emulation/launcher.h"
+#include "cxlrt/emulation/launcher.h"
 #include "tools/commands.h"
 
 namespace cxlrt::tools {

@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "collectives/device.h"
+#include "cxlrt/collectives/device.h"
 
 namespace cxlrt::python {
 

@@ -13,7 +13,7 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
-#include "collectives/types.h"
+#include "cxlrt/collectives/types.h"
 #include "python/src/errors.h"
 
 namespace cxlrt::python {
@@ -95,7 +95,7 @@ const char* NameOf(Call c);
 bool HasRoot(Call c);
 
 // How many times `count` elements `call` reads from x and writes into out
-// on a rank (NCCL's conventions, collectives/communicator.h); 0: the rank
+// on a rank (NCCL's conventions, cxlrt/collectives/communicator.h); 0: the rank
 // does not use that buffer (out of gather and reduce off the root, x of
 // broadcast and scatter off the root). Recv writes x.
 struct Uses {

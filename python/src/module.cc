@@ -22,15 +22,15 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "allocator/allocator.h"
-#include "collectives/communicator.h"
-#include "collectives/device.h"
-#include "kv/store.h"
+#include "cxlrt/allocator/allocator.h"
+#include "cxlrt/collectives/communicator.h"
+#include "cxlrt/collectives/device.h"
+#include "cxlrt/kv/store.h"
 #include "python/src/buffers.h"
 #include "python/src/errors.h"
-#include "runtime/coherence.h"
-#include "runtime/membership.h"
-#include "runtime/pool.h"
+#include "cxlrt/runtime/coherence.h"
+#include "cxlrt/runtime/membership.h"
+#include "cxlrt/runtime/pool.h"
 
 namespace py = pybind11;
 

@@ -60,10 +60,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
-#include "allocator/allocator.h"
-#include "collectives/communicator.h"
-#include "runtime/membership.h"
-#include "runtime/pool.h"
+#include "cxlrt/allocator/allocator.h"
+#include "cxlrt/collectives/communicator.h"
+#include "cxlrt/runtime/membership.h"
+#include "cxlrt/runtime/pool.h"
 
 namespace cxlrt::torch_backend {
 namespace {

@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
-#include "allocator/allocator.h"
+#include "cxlrt/allocator/allocator.h"
 #include "gtest/gtest.h"
-#include "runtime/fault.h"
-#include "runtime/membership.h"
+#include "cxlrt/runtime/fault.h"
+#include "cxlrt/runtime/membership.h"
 #include "tests/testing/host_util.h"
 #include "tests/testing/test_util.h"
 

@@ -1,7 +1,7 @@
 // The pooled allocator in one process: every size path, alignment, named
 // blocks, statistics, bad input, cross-host frees between two hosts of one
 // process, and what Close leaves behind. Audit() is clean after each.
-#include "allocator/allocator.h"
+#include "cxlrt/allocator/allocator.h"
 
 #include <algorithm>
 #include <atomic>
@@ -11,10 +11,10 @@
 #include <thread>
 #include <vector>
 
-#include "allocator/internal/arena.h"
-#include "allocator/size_classes.h"
+#include "cxlrt/allocator/internal/arena.h"
+#include "cxlrt/allocator/size_classes.h"
 #include "gtest/gtest.h"
-#include "runtime/membership.h"
+#include "cxlrt/runtime/membership.h"
 #include "tests/testing/test_util.h"
 
 namespace cxlrt::allocator {

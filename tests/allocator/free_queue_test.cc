@@ -1,4 +1,4 @@
-#include "allocator/internal/free_queue.h"
+#include "cxlrt/allocator/internal/free_queue.h"
 
 #include <cstdint>
 #include <deque>

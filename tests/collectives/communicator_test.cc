@@ -4,7 +4,7 @@
 // (zero-copy) buffers; mismatched calls; a rank killed mid-collective;
 // timeouts; many back-to-back calls; two communicators at once; Send/Recv.
 // Both the hardware and the simulated coherence domain.
-#include "collectives/communicator.h"
+#include "cxlrt/collectives/communicator.h"
 
 #include <sched.h>
 #include <sys/mman.h>
@@ -18,11 +18,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "allocator/allocator.h"
+#include "cxlrt/allocator/allocator.h"
 #include "gtest/gtest.h"
-#include "runtime/checksum.h"
-#include "runtime/fault.h"
-#include "runtime/membership.h"
+#include "cxlrt/runtime/checksum.h"
+#include "cxlrt/runtime/fault.h"
+#include "cxlrt/runtime/membership.h"
 #include "tests/collectives/late_engine.h"
 #include "tests/testing/test_util.h"
 

@@ -1,13 +1,13 @@
-// collectives/device.h on any machine: without a GPU (or a build without
+// cxlrt/collectives/device.h on any machine: without a GPU (or a build without
 // CUDA) every pointer is host memory, calls that need a device say why, and
 // collectives and KV calls on host memory never touch the device path.
 // With a GPU, device memory is told from host and pool memory.
-#include "collectives/device.h"
+#include "cxlrt/collectives/device.h"
 
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "runtime/pool.h"
+#include "cxlrt/runtime/pool.h"
 #include "tests/testing/test_util.h"
 
 namespace cxlrt::collectives {

@@ -15,7 +15,7 @@
 #include <random>
 #include <vector>
 
-#include "collectives/copy_engine.h"
+#include "cxlrt/collectives/copy_engine.h"
 
 namespace cxlrt::collectives {
 

@@ -8,7 +8,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "collectives/internal/reduce_kernels.h"
+#include "cxlrt/collectives/internal/reduce_kernels.h"
 #include "gtest/gtest.h"
 #include "tests/testing/cpu_levels.h"
 

@@ -2,7 +2,7 @@
 // bandwidth is shared between the emulated hosts using it. Bounds are
 // orders of magnitude or guaranteed minimums, never tight timings: the
 // figures belong to `cxlrt bench pool`.
-#include "emulation/access_model.h"
+#include "cxlrt/emulation/access_model.h"
 
 #include <sys/mman.h>
 
@@ -11,9 +11,9 @@
 #include <cstdio>
 #include <vector>
 
-#include "emulation/shm_backend.h"
+#include "cxlrt/emulation/shm_backend.h"
 #include "gtest/gtest.h"
-#include "runtime/pool.h"
+#include "cxlrt/runtime/pool.h"
 #include "tests/testing/test_util.h"
 
 namespace cxlrt::emulation {

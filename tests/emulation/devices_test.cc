@@ -6,11 +6,11 @@
 #include <cstring>
 #include <vector>
 
-#include "emulation/shm_backend.h"
+#include "cxlrt/emulation/shm_backend.h"
 #include "gtest/gtest.h"
-#include "runtime/placement.h"
-#include "runtime/pool.h"
-#include "runtime/topology.h"
+#include "cxlrt/runtime/placement.h"
+#include "cxlrt/runtime/pool.h"
+#include "cxlrt/runtime/topology.h"
 #include "tests/testing/test_util.h"
 
 namespace cxlrt::emulation {

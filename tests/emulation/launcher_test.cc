@@ -1,6 +1,6 @@
 // `cxlrt run`, the local multi-host launcher: what every rank is told, how
 // a failure or Ctrl-C stops the job, and what the exit code says.
-#include "emulation/launcher.h"
+#include "cxlrt/emulation/launcher.h"
 
 #include <signal.h>
 #include <sys/stat.h>

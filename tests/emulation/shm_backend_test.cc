@@ -1,4 +1,4 @@
-#include "emulation/shm_backend.h"
+#include "cxlrt/emulation/shm_backend.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -7,8 +7,8 @@
 #include <fstream>
 
 #include "gtest/gtest.h"
-#include "runtime/pool.h"
-#include "runtime/topology.h"
+#include "cxlrt/runtime/pool.h"
+#include "cxlrt/runtime/topology.h"
 #include "tests/testing/test_util.h"
 
 namespace cxlrt::emulation {

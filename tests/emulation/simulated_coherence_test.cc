@@ -2,13 +2,13 @@
 // (two Pool objects, each its own private cache), the negative controls
 // that prove it catches a missing flush or invalidate, and its reporting of
 // atomic read-modify-write outside coherent windows.
-#include "emulation/simulated_coherence.h"
+#include "cxlrt/emulation/simulated_coherence.h"
 
 #include <cstring>
 #include <string>
 
 #include "gtest/gtest.h"
-#include "runtime/pool.h"
+#include "cxlrt/runtime/pool.h"
 #include "tests/testing/test_util.h"
 
 namespace cxlrt::emulation {

@@ -29,12 +29,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "allocator/allocator.h"
-#include "collectives/comm_layout.h"
-#include "collectives/communicator.h"
-#include "runtime/checksum.h"
-#include "runtime/membership.h"
-#include "runtime/pool.h"
+#include "cxlrt/allocator/allocator.h"
+#include "cxlrt/collectives/comm_layout.h"
+#include "cxlrt/collectives/communicator.h"
+#include "cxlrt/runtime/checksum.h"
+#include "cxlrt/runtime/membership.h"
+#include "cxlrt/runtime/pool.h"
 
 namespace {
 

@@ -31,13 +31,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "allocator/allocator.h"
-#include "allocator/internal/arena.h"
-#include "kv/internal/store_view.h"
-#include "kv/store.h"
-#include "runtime/membership.h"
-#include "runtime/pool.h"
-#include "runtime/pool_layout.h"
+#include "cxlrt/allocator/allocator.h"
+#include "cxlrt/allocator/internal/arena.h"
+#include "cxlrt/kv/internal/store_view.h"
+#include "cxlrt/kv/store.h"
+#include "cxlrt/runtime/membership.h"
+#include "cxlrt/runtime/pool.h"
+#include "cxlrt/runtime/pool_layout.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// The GPU data path (collectives/device.h, docs/gpu.md) across emulated
+// The GPU data path (cxlrt/collectives/device.h, docs/gpu.md) across emulated
 // hosts (forked processes, each with its own CUDA context on the one GPU):
 // every collective x type x op on device buffers against the host path
 // (bit-exact), mixed kinds across ranks, stream ordering with no host sync,
@@ -15,13 +15,13 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "collectives/communicator.h"
-#include "collectives/device.h"
+#include "cxlrt/collectives/communicator.h"
+#include "cxlrt/collectives/device.h"
 #include "gtest/gtest.h"
-#include "kv/store.h"
-#include "runtime/fault.h"
-#include "runtime/membership.h"
-#include "runtime/pool.h"
+#include "cxlrt/kv/store.h"
+#include "cxlrt/runtime/fault.h"
+#include "cxlrt/runtime/membership.h"
+#include "cxlrt/runtime/pool.h"
 #include "tests/testing/host_util.h"
 #include "tests/testing/test_util.h"
 

@@ -6,11 +6,11 @@
 #include <cstring>
 #include <string>
 
-#include "allocator/allocator.h"
-#include "collectives/communicator.h"
-#include "kv/store.h"
-#include "runtime/membership.h"
-#include "runtime/pool.h"
+#include "cxlrt/allocator/allocator.h"
+#include "cxlrt/collectives/communicator.h"
+#include "cxlrt/kv/store.h"
+#include "cxlrt/runtime/membership.h"
+#include "cxlrt/runtime/pool.h"
 
 namespace {
 

@@ -12,13 +12,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "allocator/allocator.h"
+#include "cxlrt/allocator/allocator.h"
 #include "gtest/gtest.h"
-#include "kv/store.h"
-#include "runtime/checksum.h"
-#include "runtime/fault.h"
-#include "runtime/membership.h"
-#include "runtime/status_macros.h"
+#include "cxlrt/kv/store.h"
+#include "cxlrt/runtime/checksum.h"
+#include "cxlrt/runtime/fault.h"
+#include "cxlrt/runtime/membership.h"
+#include "cxlrt/runtime/status_macros.h"
 #include "tests/testing/host_util.h"
 #include "tests/testing/test_util.h"
 

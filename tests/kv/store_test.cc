@@ -3,7 +3,7 @@
 // hardware and simulated coherence domains. Lifecycle, namespaces, quotas,
 // prefix lookup, pins, eviction order, restart, bad input, and gets that
 // race evictions.
-#include "kv/store.h"
+#include "cxlrt/kv/store.h"
 
 #include <algorithm>
 #include <atomic>
@@ -12,12 +12,12 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "allocator/allocator.h"
-#include "collectives/device.h"
+#include "cxlrt/allocator/allocator.h"
+#include "cxlrt/collectives/device.h"
 #include "gtest/gtest.h"
-#include "kv/internal/eviction.h"
-#include "kv/internal/store_view.h"
-#include "runtime/membership.h"
+#include "cxlrt/kv/internal/eviction.h"
+#include "cxlrt/kv/internal/store_view.h"
+#include "cxlrt/runtime/membership.h"
 #include "tests/testing/host_util.h"
 #include "tests/testing/test_util.h"
 

@@ -1,4 +1,4 @@
-/* The pool lock (runtime/bakery_lock.cc) on x86-TSO.
+/* The pool lock (cxlrt/runtime/bakery_lock.cc) on x86-TSO.
  *
  * Two hosts, each the only writer of its ticket (number << 1 | choosing).
  * A host's stores go into its own FIFO store buffer and reach memory when

@@ -1,4 +1,4 @@
-/* The KV pin / evict handshake (kv/store.cc: Lookup and EvictSlots) on
+/* The KV pin / evict handshake (cxlrt/kv/store.cc: Lookup and EvictSlots) on
  * x86-TSO.
  *
  * A reader pins an entry (a store to its own pin table), then checks that

@@ -1,4 +1,4 @@
-/* The round protocol of a communicator (collectives/communicator.cc:
+/* The round protocol of a communicator (cxlrt/collectives/communicator.cc:
  * Exchange, WaitPosted, EndRound, WaitSlotFree) on x86-TSO.
  *
  * Rank 0 posts round k into slot k % 2 (data, then the round flag); rank 1

@@ -5,12 +5,12 @@
 // buffer lets both in at once, and the plain counter below loses
 // increments (issue 13, defect 1: 246-1270 lost of 2,000,000 before the
 // fence). tests/models/bakery_tso.pml is the same question asked of a model.
-#include "runtime/bakery_lock.h"
+#include "cxlrt/runtime/bakery_lock.h"
 
 #include <unistd.h>
 
 #include "gtest/gtest.h"
-#include "runtime/pool.h"
+#include "cxlrt/runtime/pool.h"
 #include "tests/testing/test_util.h"
 
 namespace cxlrt::runtime {

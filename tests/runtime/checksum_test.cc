@@ -1,4 +1,4 @@
-#include "runtime/checksum.h"
+#include "cxlrt/runtime/checksum.h"
 
 #include <cstring>
 #include <random>

@@ -1,4 +1,4 @@
-#include "runtime/coherence.h"
+#include "cxlrt/runtime/coherence.h"
 
 #include <sys/mman.h>
 
@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "runtime/cpu_features.h"
-#include "runtime/pool.h"
+#include "cxlrt/runtime/cpu_features.h"
+#include "cxlrt/runtime/pool.h"
 #include "tests/testing/test_util.h"
 
 namespace cxlrt::runtime {

@@ -1,4 +1,4 @@
-#include "runtime/config.h"
+#include "cxlrt/runtime/config.h"
 
 #include <fstream>
 #include <map>

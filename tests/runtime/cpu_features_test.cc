@@ -1,7 +1,7 @@
 // The CPU vector level: never above what the CPU and the OS support, lowered
 // by CXLRT_CPU_LEVEL and never raised by it. ctest runs this binary twice:
 // as the environment has it, and with CXLRT_CPU_LEVEL=baseline.
-#include "runtime/cpu_features.h"
+#include "cxlrt/runtime/cpu_features.h"
 
 #include <cstdlib>
 #include <fstream>
@@ -11,7 +11,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
-#include "runtime/config.h"
+#include "cxlrt/runtime/config.h"
 #include "tests/testing/cpu_levels.h"
 #include "tests/testing/test_util.h"
 

@@ -1,6 +1,6 @@
 // runtime's copy and CRC-32C kernels at every CPU level this machine has
 // (levels above it are skipped, saying what the CPU lacks).
-#include "runtime/internal/cpu_kernels.h"
+#include "cxlrt/runtime/internal/cpu_kernels.h"
 
 #include <cstring>
 #include <numeric>
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "runtime/checksum.h"
+#include "cxlrt/runtime/checksum.h"
 #include "tests/testing/cpu_levels.h"
 
 namespace cxlrt::runtime_internal {

@@ -1,11 +1,11 @@
 // The device-DAX backend cannot be exercised without a device; these tests
 // cover what can be: the refusals, and the size rules as a pure function.
-#include "runtime/dax_backend.h"
+#include "cxlrt/runtime/dax_backend.h"
 
 #include <fstream>
 
 #include "gtest/gtest.h"
-#include "runtime/pool.h"
+#include "cxlrt/runtime/pool.h"
 #include "tests/testing/test_util.h"
 
 namespace cxlrt::runtime {

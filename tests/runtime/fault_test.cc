@@ -1,14 +1,14 @@
 // Fault points: a crash kills the process at that step, a stall stalls, a
 // corruption damages the line just written; and what each leaves behind is
 // what the survivors can handle.
-#include "runtime/fault.h"
+#include "cxlrt/runtime/fault.h"
 
 #include <fstream>
 #include <sstream>
 
 #include "gtest/gtest.h"
-#include "runtime/membership.h"
-#include "runtime/pool.h"
+#include "cxlrt/runtime/membership.h"
+#include "cxlrt/runtime/pool.h"
 #include "tests/testing/test_util.h"
 
 namespace cxlrt::runtime {

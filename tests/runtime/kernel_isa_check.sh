@@ -2,7 +2,7 @@
 # Usage: kernel_isa_check.sh ARCHIVE...
 # The machine code of cxlrt's libraries uses AVX (VEX/EVEX instructions,
 # ymm/zmm/opmask registers) only inside the kernels of a CPU level above
-# the baseline (runtime/cpu_features.h), which run only once the level was
+# the baseline (cxlrt/runtime/cpu_features.h), which run only once the level was
 # chosen from cpuid and xgetbv. Anything else runs on every x86-64 CPU,
 # so an instruction set leaking into it (a target attribute on the wrong
 # function, a -march flag) fails here on any machine, not only as a SIGILL

@@ -1,6 +1,6 @@
 // Membership and the pool lock, across real processes (emulated hosts), in
 // the hardware and software coherence domains.
-#include "runtime/membership.h"
+#include "cxlrt/runtime/membership.h"
 
 #include <signal.h>
 #include <unistd.h>
@@ -12,8 +12,8 @@
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
-#include "runtime/bakery_lock.h"
-#include "runtime/fault.h"
+#include "cxlrt/runtime/bakery_lock.h"
+#include "cxlrt/runtime/fault.h"
 #include "tests/testing/test_util.h"
 
 namespace cxlrt::runtime {

@@ -1,6 +1,6 @@
-// Core pinning plans (runtime/pinning.h): auto, off, lists, and ranks that
+// Core pinning plans (cxlrt/runtime/pinning.h): auto, off, lists, and ranks that
 // outnumber the allowed cores.
-#include "runtime/pinning.h"
+#include "cxlrt/runtime/pinning.h"
 
 #include <sched.h>
 

@@ -1,4 +1,4 @@
-#include "runtime/pool.h"
+#include "cxlrt/runtime/pool.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -7,9 +7,9 @@
 #include <cstring>
 #include <random>
 
-#include "emulation/shm_backend.h"
+#include "cxlrt/emulation/shm_backend.h"
 #include "gtest/gtest.h"
-#include "runtime/membership.h"
+#include "cxlrt/runtime/membership.h"
 #include "tests/testing/test_util.h"
 
 namespace cxlrt::runtime {

@@ -1,7 +1,7 @@
-#include "runtime/uri.h"
+#include "cxlrt/runtime/uri.h"
 
 #include "gtest/gtest.h"
-#include "runtime/units.h"
+#include "cxlrt/runtime/units.h"
 #include "tests/testing/test_util.h"
 
 namespace cxlrt::runtime {

@@ -1,4 +1,4 @@
-#include "runtime/wait.h"
+#include "cxlrt/runtime/wait.h"
 
 #include <atomic>
 #include <thread>

@@ -1,4 +1,4 @@
-// Suites parameterized by CPU vector level (runtime/cpu_features.h): every
+// Suites parameterized by CPU vector level (cxlrt/runtime/cpu_features.h): every
 // level is instantiated, and a level above this CPU's is skipped, saying
 // which features the CPU lacks, so each machine runs every level it has.
 #pragma once
@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "runtime/cpu_features.h"
+#include "cxlrt/runtime/cpu_features.h"
 
 namespace cxlrt::runtime {
 // Test names print the level, not its byte.

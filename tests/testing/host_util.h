@@ -11,10 +11,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "allocator/allocator.h"
-#include "runtime/membership.h"
-#include "runtime/pool.h"
-#include "runtime/status_macros.h"
+#include "cxlrt/allocator/allocator.h"
+#include "cxlrt/runtime/membership.h"
+#include "cxlrt/runtime/pool.h"
+#include "cxlrt/runtime/status_macros.h"
 
 namespace cxlrt::testing {
 

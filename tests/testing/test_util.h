@@ -18,7 +18,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
-#include "runtime/coherence_domain.h"
+#include "cxlrt/runtime/coherence_domain.h"
 
 namespace cxlrt::runtime {
 // Test names print the domain, not its bytes.

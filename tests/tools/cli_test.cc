@@ -10,11 +10,11 @@
 #include <sstream>
 #include <string>
 
-#include "allocator/allocator.h"
+#include "cxlrt/allocator/allocator.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "runtime/membership.h"
-#include "runtime/pool.h"
+#include "cxlrt/runtime/membership.h"
+#include "cxlrt/runtime/pool.h"
 #include "tests/testing/cli_util.h"
 #include "tests/testing/test_util.h"
 

@@ -1,0 +1,78 @@
+#include "cxlrt/runtime/pinning.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+namespace cxlrt::runtime {
+namespace {
+
+std::vector<int> AllowedCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cores;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cores;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) cores.push_back(c);
+  }
+  return cores;
+}
+
+}  // namespace
+
+absl::StatusOr<PinPlan> PlanPinning(int ranks, const std::string& setting) {
+  PinPlan plan;
+  if (setting == "off") {
+    plan.why = "off (CXLRT_PIN=off)";
+    return plan;
+  }
+  const std::vector<int> allowed = AllowedCores();
+  if (setting.empty() || setting == "auto") {
+    if (allowed.empty()) {
+      plan.why = "off: the allowed cores are unknown";
+      return plan;
+    }
+    if (ranks > static_cast<int>(allowed.size())) {
+      plan.why = absl::StrCat("off: ", ranks, " ranks > ", allowed.size(), " cores");
+      return plan;
+    }
+    plan.cores.assign(allowed.begin(), allowed.begin() + ranks);
+  } else {
+    for (absl::string_view part : absl::StrSplit(setting, ',')) {
+      int core = -1;
+      if (!absl::SimpleAtoi(part, &core) ||
+          std::find(allowed.begin(), allowed.end(), core) == allowed.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("CXLRT_PIN='", setting, "': core '", part,
+                                                       "' is not one this process may use (",
+                                                       absl::StrJoin(allowed, ","), ")"));
+      }
+      plan.cores.push_back(core);
+    }
+    std::vector<int> listed = plan.cores;
+    while (static_cast<int>(plan.cores.size()) < ranks) {
+      plan.cores.push_back(listed[plan.cores.size() % listed.size()]);
+    }
+    plan.cores.resize(ranks);
+  }
+  plan.why = absl::StrCat("rank r on core ", absl::StrJoin(plan.cores, ","), "[r]");
+  return plan;
+}
+
+absl::Status PinToCore(int core) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(core, &set);
+  if (sched_setaffinity(0, sizeof(set), &set) != 0) {
+    return absl::InternalError(absl::StrCat("pinning to core ", core, ": ", strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace cxlrt::runtime
