@@ -75,6 +75,7 @@ absl::Status Allocator::Init() {
       runtime::Coherence& c = pool_.coherence();
       static const uint8_t kZeros[64 << 10] = {};
       const uint64_t bytes = uint64_t{h.meta_segments} * kSegmentSize;
+      CXLRT_RETURN_IF_ERROR(pool_.backend().Reserve(h.first_segment, bytes));
       for (uint64_t off = 0; off < bytes; off += sizeof(kZeros)) {
         c.CopyToPool(h.first_segment + off, kZeros,
                      std::min<uint64_t>(sizeof(kZeros), bytes - off));

@@ -5,8 +5,10 @@
 #include <numaif.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <memory>
 
@@ -53,7 +55,7 @@ int NodeOfPage(void* addr) {
 // the node the pages are on (-1 unknown) and appends to `placement` when
 // binding failed.
 absl::StatusOr<int> MapDevice(int fd, uint8_t* addr, uint64_t size, const std::string& path,
-                              bool creating, bool prefault, int bind_node, bool* huge,
+                              bool creating, bool lazy, bool prefault, int bind_node, bool* huge,
                               std::string* placement) {
   void* p = mmap(addr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
   if (p == MAP_FAILED) {
@@ -75,19 +77,72 @@ absl::StatusOr<int> MapDevice(int fd, uint8_t* addr, uint64_t size, const std::s
     }
     // Huge pages where the kernel allows them for shmem (often "never").
     *huge = madvise(addr, size, MADV_HUGEPAGE) == 0;
-    if (int rc = posix_fallocate(fd, 0, static_cast<off_t>(size)); rc != 0) {
+    if (int rc = lazy ? 0 : posix_fallocate(fd, 0, static_cast<off_t>(size)); rc != 0) {
       return ErrnoStatus(rc, absl::StrCat("cannot reserve ", FormatBytes(size), " for ", path,
                                           " (is the filesystem full?)"));
     }
   }
-  // Without prefault the pages (allocated above at creation) are mapped at
-  // first touch: a minor fault each, paid only for the pages used.
+  // Without prefault the pages (allocated above at creation, or as the heap
+  // grows when lazy) are mapped at first touch: a minor fault each, paid
+  // only for the pages used.
   if (prefault) Prefault(addr, size);
   if (!creating || node >= 0) {
     if (int actual = NodeOfPage(addr); actual >= 0) node = actual;
   }
   return node;
 }
+
+// True when every byte of the file has memory behind it (a sparse file is
+// a pool made with reserve=lazy whose heap has not grown over it yet).
+bool FullyReserved(int fd) {
+  struct stat st;
+  return fstat(fd, &st) == 0 &&
+         static_cast<uint64_t>(st.st_blocks) * 512 >= static_cast<uint64_t>(st.st_size);
+}
+
+// The mapping of a pool's device files, reserving their memory on demand
+// (reserve=lazy): Reserve() allocates the files' pages for a range with
+// fallocate, which on tmpfs and every disk filesystem is idempotent and
+// safe against other processes doing the same.
+class ShmBackend : public runtime::MappedFileBackend {
+ public:
+  // `device_fds`: one descriptor per device file (device 0's is also the
+  // base class's); ShmBackend closes the others.
+  ShmBackend(std::vector<int> device_fds, uint8_t* base, uint64_t device_size, BackendInfo info,
+             std::vector<std::string> paths, bool reserved)
+      : MappedFileBackend(device_fds[0], base, device_size * device_fds.size(), std::move(info)),
+        fds_(std::move(device_fds)),
+        paths_(std::move(paths)),
+        device_size_(device_size),
+        reserved_(reserved) {}
+  ~ShmBackend() override {
+    for (size_t d = 1; d < fds_.size(); ++d) close(fds_[d]);
+  }
+
+  absl::Status Reserve(uint64_t offset, uint64_t length) override {
+    if (reserved_.load(std::memory_order_relaxed)) return absl::OkStatus();
+    while (length > 0) {
+      const size_t d = offset / device_size_;
+      const uint64_t at = offset % device_size_;
+      const uint64_t n = std::min(length, device_size_ - at);
+      if (int rc = posix_fallocate(fds_[d], static_cast<off_t>(at), static_cast<off_t>(n));
+          rc != 0) {
+        return ErrnoStatus(
+            rc, absl::StrCat("cannot reserve ", FormatBytes(n), " at offset 0x", absl::Hex(at),
+                             " of ", paths_[d], " (is the filesystem full?)"));
+      }
+      offset += n;
+      length -= n;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const std::vector<int> fds_;
+  const std::vector<std::string> paths_;
+  const uint64_t device_size_;
+  std::atomic<bool> reserved_;  // every file fully reserved: Reserve has nothing to do
+};
 
 // The files of a pool's devices, device 0 first.
 std::vector<std::string> DevicePaths(const PoolUri& uri, uint32_t count) {
@@ -124,7 +179,7 @@ BackendInfo BaseInfo(const PoolUri& uri) {
 // `device_size` * paths.size() bytes and makes the backend.
 absl::StatusOr<std::unique_ptr<MemoryBackend>> MapAll(
     Building& b, BackendInfo info, const std::vector<std::string>& paths, uint64_t device_size,
-    bool creating, bool prefault, const std::vector<runtime::NodeChoice>& nodes) {
+    bool creating, bool lazy, bool prefault, const std::vector<runtime::NodeChoice>& nodes) {
   b.size = device_size * paths.size();
   void* r = mmap(nullptr, b.size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (r == MAP_FAILED) {
@@ -138,7 +193,7 @@ absl::StatusOr<std::unique_ptr<MemoryBackend>> MapAll(
     std::string placement;
     CXLRT_ASSIGN_OR_RETURN(
         int node, MapDevice(b.fds[d], b.base + d * device_size, device_size, paths[d], creating,
-                            prefault, creating ? nodes[d].node : -1, &huge, &placement));
+                            lazy, prefault, creating ? nodes[d].node : -1, &huge, &placement));
     all_huge = all_huge && huge;
     if (d == 0) {
       info.numa_node = node;
@@ -149,13 +204,10 @@ absl::StatusOr<std::unique_ptr<MemoryBackend>> MapAll(
     }
   }
   info.huge_pages = all_huge;
-  // Device 0's descriptor carries the local index locks; the others are
-  // kept alive by their mappings.
-  for (size_t d = 1; d < b.fds.size(); ++d) close(b.fds[d]);
-  int fd0 = b.fds[0];
+  // Device 0's descriptor also carries the local index locks.
   b.done = true;
   return std::unique_ptr<MemoryBackend>(
-      new runtime::MappedFileBackend(fd0, b.base, b.size, std::move(info)));
+      new ShmBackend(b.fds, b.base, device_size, std::move(info), paths, !lazy));
 }
 
 absl::StatusOr<std::unique_ptr<MemoryBackend>> CreateShm(const PoolUri& uri, uint64_t size) {
@@ -177,8 +229,20 @@ absl::StatusOr<std::unique_ptr<MemoryBackend>> CreateShm(const PoolUri& uri, uin
     info.placement = absl::StrCat(count, " devices round-robin over the CPU-less nodes");
   }
 
+  const bool lazy = uri.reserve_lazy.value_or(false);
   const mode_t mode = uri.mode.value_or(0600);
   const std::vector<std::string> paths = DevicePaths(uri, count);
+  if (lazy) {
+    // Memory comes later, but a pool larger than its filesystem could never
+    // be filled: refuse it now, as reserve=all does.
+    const std::string dir = paths[0].substr(0, paths[0].rfind('/'));
+    struct statvfs fs;
+    if (statvfs(dir.c_str(), &fs) == 0 && size > static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cannot reserve ", FormatBytes(size), " for ", paths[0], ": the filesystem of ", dir,
+          " holds ", FormatBytes(static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize)));
+    }
+  }
   Building b;
   for (const std::string& path : paths) {
     int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, mode);
@@ -197,8 +261,8 @@ absl::StatusOr<std::unique_ptr<MemoryBackend>> CreateShm(const PoolUri& uri, uin
                          absl::StrCat("cannot size ", path, " to ", FormatBytes(device_size)));
     }
   }
-  return MapAll(b, std::move(info), paths, device_size, /*creating=*/true,
-                uri.prefault.value_or(true), nodes);
+  return MapAll(b, std::move(info), paths, device_size, /*creating=*/true, lazy,
+                uri.prefault.value_or(!lazy), nodes);
 }
 
 absl::StatusOr<std::unique_ptr<MemoryBackend>> OpenShm(const PoolUri& uri) {
@@ -241,8 +305,12 @@ absl::StatusOr<std::unique_ptr<MemoryBackend>> OpenShm(const PoolUri& uri) {
     }
     paths.push_back(path);
   }
-  return MapAll(b, std::move(info), paths, device_size, /*creating=*/false,
-                uri.prefault.value_or(true), {});
+  // A pool made with reserve=lazy is not pre-faulted: that would reserve
+  // every page at once.
+  bool lazy = false;
+  for (int fd : b.fds) lazy = lazy || !FullyReserved(fd);
+  return MapAll(b, std::move(info), paths, device_size, /*creating=*/false, lazy,
+                uri.prefault.value_or(true) && !lazy, {});
 }
 
 absl::Status DestroyShm(const PoolUri& uri) {

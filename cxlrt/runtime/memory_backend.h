@@ -60,6 +60,19 @@ class MemoryBackend {
   // from single-writer lines (docs/membership.md).
   virtual absl::StatusOr<bool> TryLockLocalIndex(uint32_t i) = 0;
   virtual void UnlockLocalIndex(uint32_t i) = 0;
+
+  // Makes sure [offset, offset + length) of the mapping has memory behind
+  // it: once this returns OK, touching those bytes never faults for want of
+  // memory (SIGBUS). Idempotent; safe from any thread or process. Backends
+  // whose memory is all there at creation (a DAX device, an emulated pool
+  // made with reserve=all) return OK at once. kResourceExhausted when the
+  // memory is not there to be had.
+  // REQUIRES: the range lies inside the mapping.
+  virtual absl::Status Reserve(uint64_t offset, uint64_t length) {
+    (void)offset;
+    (void)length;
+    return absl::OkStatus();
+  }
 };
 
 // What a scheme's backend can do. All functions report errors as Status:

@@ -302,6 +302,9 @@ absl::StatusOr<std::unique_ptr<Pool>> Pool::Create(absl::string_view uri_text) {
                                                  "it first"));
   }
 
+  // The tables before the heap get their memory now; the heap's segments
+  // as the allocator claims them (MemoryBackend::Reserve).
+  CXLRT_RETURN_IF_ERROR(backend->Reserve(0, layout.heap_offset));
   // Metadata must read as zero (empty slots, empty directory); a fresh file
   // is, a device may not be.
   static const uint8_t kZeros[64 * 1024] = {};

@@ -112,7 +112,7 @@ absl::StatusOr<PoolUri> ParsePoolUri(absl::string_view text) {
   const std::set<std::string> allowed =
       uri.scheme == PoolScheme::kEmu
           ? std::set<std::string>{"size",    "node",  "coherence",  "dir",     "mode",    "hosts",
-                                  "devices", "model", "latency_ns", "bw_gbps", "prefault"}
+                                  "devices", "model", "latency_ns", "bw_gbps", "prefault", "reserve"}
           : std::set<std::string>{"size", "coherence", "hosts"};
   std::set<std::string> seen;
   if (!query.empty()) {
@@ -185,6 +185,13 @@ absl::StatusOr<PoolUri> ParsePoolUri(absl::string_view text) {
                                         "them all when opening)"));
         }
         uri.prefault = value == "1";
+      } else if (key == "reserve") {
+        if (value != "all" && value != "lazy") {
+          return Bad(text, absl::StrCat("reserve '", value,
+                                        "' is not all (reserve the file at creation) or lazy "
+                                        "(as the heap grows)"));
+        }
+        uri.reserve_lazy = value == "lazy";
       } else if (key == "model") {
         if (value != "switch" && value != "direct") {
           return Bad(text, absl::StrCat("model '", value,
@@ -209,6 +216,9 @@ absl::StatusOr<PoolUri> ParsePoolUri(absl::string_view text) {
       }
     }
   }
+  if (uri.reserve_lazy.value_or(false) && uri.prefault.value_or(false)) {
+    return Bad(text, "reserve=lazy with prefault=1 would map, and so reserve, every page at once");
+  }
   return uri;
 }
 
@@ -229,6 +239,7 @@ std::string PoolUri::ToString() const {
   if (latency_ns) params.push_back(absl::StrCat("latency_ns=", *latency_ns));
   if (bw_gbps) params.push_back(absl::StrCat("bw_gbps=", *bw_gbps));
   if (prefault) params.push_back(absl::StrCat("prefault=", *prefault ? 1 : 0));
+  if (reserve_lazy) params.push_back(*reserve_lazy ? "reserve=lazy" : "reserve=all");
   std::string out = Identity();
   if (!params.empty()) absl::StrAppend(&out, "?", absl::StrJoin(params, "&"));
   return out;
@@ -242,6 +253,7 @@ std::string PoolUri::ForOpeners() const {
   open.mode.reset();
   open.node.reset();
   open.coherence.reset();
+  open.reserve_lazy.reset();
   return open.ToString();
 }
 

@@ -3,6 +3,7 @@
 //   emu://NAME?size=4G&node=N&coherence=hardware|software|simulated
 //             &dir=PATH&mode=0600&hosts=64&devices=D
 //             &model=switch|direct&latency_ns=N&bw_gbps=X&prefault=0|1
+//             &reserve=all|lazy
 //   dax:///dev/dax0.0?size=...&coherence=...&hosts=...
 //
 // Thread-safe (pure functions over values).
@@ -40,6 +41,12 @@ struct PoolUri {
   // default: no access later pays a fault) or on first touch (0: opening a
   // large pool costs nothing; the pages are still allocated at creation).
   std::optional<bool> prefault;
+  // emu, create only: reserve the whole file at creation (all, the
+  // default) or as the allocator claims its segments (lazy: creating a
+  // large pool costs milliseconds, as a CXL dynamic capacity device adds
+  // extents on demand; a full filesystem is then kResourceExhausted at the
+  // claim, never a SIGBUS). Lazy implies prefault=0.
+  std::optional<bool> reserve_lazy;
 
   // True when the URI asks for the latency / bandwidth model.
   bool HasModel() const { return model || latency_ns || bw_gbps; }
@@ -50,7 +57,7 @@ struct PoolUri {
   std::string Identity() const;
   // The URI another opener of the same pool uses: this one without the
   // parameters only creation takes (size, hosts, devices, mode, node,
-  // coherence); placement (dir) and the model stay.
+  // coherence, reserve); placement (dir) and the model stay.
   std::string ForOpeners() const;
   // Domain in force at creation when the URI names none.
   CoherenceDomain CoherenceOrDefault() const;

@@ -90,13 +90,15 @@ def _extension():
 
 def pool_uri() -> str:
     """The pool the backend uses. The default holds the many groups torch's
-    tests make (1 GiB), faulted in on first touch (prefault=0): mapping a
-    whole 1 GiB pool's page tables cost every rank about 0.5 s at start
-    (python -m cxlrt.bench startup; docs/python.md)."""
+    tests make (1 GiB), its memory reserved as the heap grows and faulted
+    in on first touch (reserve=lazy): mapping a whole 1 GiB pool's page
+    tables cost every rank about 0.5 s at start, and reserving its memory
+    up front rank 0 about 0.25 s (python -m cxlrt.bench startup;
+    docs/python.md)."""
     uri = os.environ.get("CXLRT_POOL")
     if uri:
         return uri
-    return f"emu://torch-{os.environ.get('MASTER_PORT', '0')}?size=1G&prefault=0"
+    return f"emu://torch-{os.environ.get('MASTER_PORT', '0')}?size=1G&reserve=lazy"
 
 
 _made: set = set()

@@ -3,18 +3,28 @@
 // process, and what Close leaves behind. Audit() is clean after each.
 #include "cxlrt/allocator/allocator.h"
 
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <random>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "cxlrt/allocator/internal/arena.h"
 #include "cxlrt/allocator/size_classes.h"
-#include "gtest/gtest.h"
 #include "cxlrt/runtime/membership.h"
+#include "gtest/gtest.h"
 #include "tests/testing/test_util.h"
 
 namespace cxlrt::allocator {
@@ -582,6 +592,86 @@ TEST(AllocatorDeviceTest, BlocksPlacedOnADeviceLieWithinItAndBadDevicesAreRefuse
   CXLRT_EXPECT_ERROR(h.alloc->Allocate(100 << 20, {.device = 0}),
                      absl::StatusCode::kResourceExhausted, "");
   ExpectAuditClean(*h.pool);
+}
+
+// Bytes of memory behind the files of a pool (its device files included).
+uint64_t ReservedBytes(const std::string& dir) {
+  uint64_t bytes = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    struct stat st;
+    if (stat(e.path().c_str(), &st) == 0) bytes += static_cast<uint64_t>(st.st_blocks) * 512;
+  }
+  return bytes;
+}
+
+TEST(LazyReservationTest, APoolMadeWithReserveLazyGetsMemoryAsItsHeapGrows) {
+  TempDir dir;
+  const std::string uri = PoolUri(dir, "reserve=lazy&devices=2", "256M");
+  Host h = OpenHost(uri, true);
+  ASSERT_NE(h.alloc, nullptr);
+  const uint64_t at_start = ReservedBytes(dir.path());
+  EXPECT_LT(at_start, 16u << 20) << "the tables, not the heap";
+  std::vector<PoolOffset> blocks;
+  for (uint64_t size : {uint64_t{64}, uint64_t{40} << 10, uint64_t{12} << 20}) {
+    for (int dev : {0, 1}) {
+      auto off = h.alloc->Allocate(size, {.device = dev});
+      ASSERT_TRUE(off.ok()) << off.status();
+      Fill(*h.pool, *off, size);
+      blocks.push_back(*off);
+    }
+  }
+  const uint64_t grown = ReservedBytes(dir.path());
+  EXPECT_GE(grown, at_start + (24u << 20));
+  EXPECT_LT(grown, 128u << 20) << "reserved far more than the heap used";
+  // Another open of a lazy pool is not pre-faulted into reserving it all.
+  Host other = OpenHost(testing::OpenUri(uri));
+  ASSERT_NE(other.alloc, nullptr);
+  EXPECT_LT(ReservedBytes(dir.path()), 128u << 20);
+  for (PoolOffset off : blocks) CXLRT_EXPECT_OK(h.alloc->Free(off));
+  ExpectAuditClean(*h.pool);
+}
+
+TEST(LazyReservationTest, AFullFilesystemIsAClearErrorAtTheClaimNeverASigbus) {
+  TempDir dir;
+  const std::string mnt = dir.path() + "/small";
+  ASSERT_EQ(mkdir(mnt.c_str(), 0700), 0);
+  // A 64 MiB tmpfs in a mount namespace of the child's own, holding a pool
+  // of 48 MiB, filled by another file after the pool was made: the heap
+  // runs out of memory long before it runs out of segments.
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (unshare(CLONE_NEWNS) != 0 ||
+        mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=64m") != 0) {
+      _exit(77);
+    }
+    const std::string uri = absl::StrCat("emu://lazy?size=48M&reserve=lazy&dir=", mnt);
+    Host h = OpenHost(uri, true);
+    if (h.alloc == nullptr) _exit(2);
+    const int ballast = open((mnt + "/ballast").c_str(), O_CREAT | O_RDWR, 0600);
+    if (ballast < 0 || posix_fallocate(ballast, 0, 40 << 20) != 0) _exit(4);
+    uint64_t allocated = 0;
+    for (;;) {
+      auto off = h.alloc->Allocate(1 << 20);
+      if (!off.ok()) {
+        const bool clear = off.status().code() == absl::StatusCode::kResourceExhausted &&
+                           absl::StrContains(off.status().message(), "cannot reserve");
+        if (!clear) fprintf(stderr, "unexpected: %s\n", off.status().ToString().c_str());
+        _exit(clear && allocated >= (8u << 20) ? 0 : 3);
+      }
+      Fill(*h.pool, *off, 1 << 20);  // a SIGBUS here if memory were missing
+      allocated += 1 << 20;
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
+  if (WEXITSTATUS(status) == 77) {
+    if (getenv("CI") != nullptr) FAIL() << "under CI=true this test must run: it needs root";
+    GTEST_SKIP() << "needs a private mount namespace (root) for a small tmpfs";
+  }
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 TEST(PoolPtrTest, ResolvesInTheMappingAndChecksRawPointers) {

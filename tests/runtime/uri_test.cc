@@ -44,6 +44,21 @@ TEST(UriTest, PrefaultIsPerOpenAndRoundTrips) {
                      "prefault 'yes' is not 0");
 }
 
+TEST(UriTest, LazyReservationIsForCreatorsAndExcludesPrefault) {
+  auto uri = ParsePoolUri("emu://p?size=8M&reserve=lazy");
+  CXLRT_ASSERT_OK(uri);
+  EXPECT_EQ(uri->reserve_lazy, true);
+  EXPECT_EQ(uri->ToString(), "emu://p?size=8388608&reserve=lazy");
+  EXPECT_EQ(uri->ForOpeners(), "emu://p");
+  EXPECT_EQ(ParsePoolUri("emu://p?reserve=all").value().reserve_lazy, false);
+  CXLRT_EXPECT_ERROR(ParsePoolUri("emu://p?reserve=later"), absl::StatusCode::kInvalidArgument,
+                     "reserve 'later' is not all");
+  CXLRT_EXPECT_ERROR(ParsePoolUri("emu://p?reserve=lazy&prefault=1"),
+                     absl::StatusCode::kInvalidArgument, "reserve=lazy with prefault=1");
+  CXLRT_EXPECT_ERROR(ParsePoolUri("dax:///dev/dax0.0?reserve=lazy"),
+                     absl::StatusCode::kInvalidArgument, "reserve");
+}
+
 TEST(UriTest, DeviceAndModelParametersRoundTrip) {
   auto uri = ParsePoolUri("emu://m?size=8M&devices=4&model=switch&latency_ns=900&bw_gbps=12.5");
   CXLRT_ASSERT_OK(uri);

@@ -488,6 +488,9 @@ absl::StatusOr<ArenaState::Segment*> ArenaState::Claim(SegmentState state, uint3
     for (uint32_t i = h.meta_segments; i < h.segment_count; ++i) {
       CXLRT_ASSIGN_OR_RETURN(SegmentEntryLayout e, meta_.ReadEntry(i));
       if (e.state != static_cast<uint32_t>(SegmentState::kFree)) continue;
+      // Memory first (a pool made with reserve=lazy has none here yet): a
+      // full filesystem is an error before anything is claimed.
+      CXLRT_RETURN_IF_ERROR(meta_.pool().backend().Reserve(meta_.SegOffset(i), kSegmentSize));
       SegmentEntryLayout n = {};
       n.generation = e.generation + 1;
       n.state = static_cast<uint32_t>(state);
@@ -763,6 +766,7 @@ absl::StatusOr<PoolOffset> ArenaState::AllocHuge(uint64_t size, uint64_t alignme
         free = e[i + k].state == static_cast<uint32_t>(SegmentState::kFree);
       }
       if (!free) continue;
+      CXLRT_RETURN_IF_ERROR(meta_.pool().backend().Reserve(meta_.SegOffset(i), n64 * kSegmentSize));
       // Tails first, head last: a crash in between leaves orphan tails
       // (freed by recovery), never a head over free segments.
       for (uint32_t k = 1; k < n; ++k) {
