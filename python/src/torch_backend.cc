@@ -138,17 +138,17 @@ std::optional<c10::Stream> StreamOf(const std::vector<at::Tensor>& tensors) {
 // One queued call's handle. For CUDA tensors (`stream`: the caller's stream
 // when it called) the work is done when the stream holds the result: the
 // call has made that stream wait for it; wait() makes the current stream
-// wait too, and the future is CUDA-aware (NCCL's contract).
+// wait too, and the future is CUDA-aware (NCCL's contract). A CPU call's
+// future is made only when asked for (most callers only wait(); making and
+// completing one was a tenth of a small call's cost).
 class CxlrtWork : public c10d::Work {
  public:
   CxlrtWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs,
             std::optional<c10::Stream> stream)
-      : Work(rank, type),
-        outputs_(std::move(outputs)),
-        stream_(stream),
-        future_(c10::make_intrusive<at::ivalue::Future>(
-            c10::ListType::ofTensors(),  // a shared type, not one made per call
-            stream ? std::vector<c10::Device>{stream->device()} : std::vector<c10::Device>{})) {}
+      : Work(rank, type), outputs_(std::move(outputs)), stream_(stream) {
+    // A CUDA future completes on the call's stream (Finish runs under it).
+    if (stream_) future_ = MakeFuture();
+  }
 
   bool isCompleted() override {
     std::lock_guard<std::mutex> l(mu_);
@@ -181,7 +181,14 @@ class CxlrtWork : public c10d::Work {
     return true;
   }
   const std::optional<c10::Stream>& stream() const { return stream_; }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!future_) {
+      future_ = MakeFuture();
+      if (done_) Complete(*future_);
+    }
+    return future_;
+  }
   // The sender of a completed receive (recvAnysource's answer).
   int sourceRank() const override {
     std::lock_guard<std::mutex> l(mu_);
@@ -198,20 +205,32 @@ class CxlrtWork : public c10d::Work {
   std::vector<at::Tensor> result() override { return outputs_; }
 
   void Finish(std::exception_ptr error) {
+    c10::intrusive_ptr<at::ivalue::Future> future;
     {
       std::lock_guard<std::mutex> l(mu_);
       done_ = true;
       error_ = error;
+      future = future_;
     }
     cv_.notify_all();
-    if (error) {
-      future_->setError(error);
-    } else {
-      future_->markCompleted(c10::IValue(outputs_));
-    }
+    if (future) Complete(*future);
   }
 
  private:
+  c10::intrusive_ptr<at::ivalue::Future> MakeFuture() const {
+    return c10::make_intrusive<at::ivalue::Future>(
+        c10::ListType::ofTensors(),  // a shared type, not one made per call
+        stream_ ? std::vector<c10::Device>{stream_->device()} : std::vector<c10::Device>{});
+  }
+  // REQUIRES: done_ (error_ is then fixed).
+  void Complete(at::ivalue::Future& future) const {
+    if (error_) {
+      future.setError(error_);
+    } else {
+      future.markCompleted(c10::IValue(outputs_));
+    }
+  }
+
   std::vector<at::Tensor> outputs_;
   const std::optional<c10::Stream> stream_;
   c10::intrusive_ptr<at::ivalue::Future> future_;

@@ -162,6 +162,16 @@ t = value(rank, 10, torch.float64)
 fut = dist.all_reduce(t, async_op=True).get_future()
 fut.wait()
 same("future", t, sum(value(r, 10, torch.float64) for r in range(n)))
+# A future asked for after the work finished (made on demand) is complete,
+# holds the call's result, and chains.
+t = value(rank, 10, torch.float64)
+w = dist.all_reduce(t, async_op=True)
+w.wait()
+late = w.get_future()
+assert late.done(), "the future of a finished work is not done"
+same("late future", late.value()[0], sum(value(r, 10, torch.float64) for r in range(n)))
+same("future.then", late.then(lambda f: f.value()[0] * 2).wait(),
+     2 * sum(value(r, 10, torch.float64) for r in range(n)))
 
 # Send / recv around a ring; barrier.
 msg = value(rank, 70_000, torch.float32)
