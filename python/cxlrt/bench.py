@@ -17,7 +17,9 @@ all_reduce beside Gloo's, 2 ranks, 64 KiB - 64 MiB (needs torch): busbw, and
 the time of one call beside torch's own dispatch floor, the built-in "fake"
 backend's (a group that does no communication) in the same processes:
 cxlrt/fake is the backend's overhead as a multiple of torch's (issue 25
-asks for at most 2 from 8 B to 64 KiB: `-b 8 -e 64K`).
+asks for at most 2 from 8 B to 64 KiB: `-b 8 -e 64K`); no-FR/fake the same
+for a cxlrt group without the flight-recorder hook torch attaches to
+out-of-tree backends.
 
 python -m cxlrt.bench startup: what a group costs to start. Fresh
 processes (2 and 4 ranks) time init_process_group plus a first all_reduce
@@ -219,11 +221,22 @@ def _torch_rank(rank, world, sizes, iters, reps, warmup, init, q):
     dist.init_process_group("cxlrt", init_method=init, rank=rank, world_size=world)
     gloo = dist.new_group(backend="gloo")
     fake = dist.new_group(backend="fake")
+    # The same backend without the flight-recorder hook torch attaches to
+    # every out-of-tree backend's group (and not to fake's or Gloo's, which
+    # record themselves or do nothing): it reads the variable as the group
+    # is made.
+    fr = os.environ.get("TORCH_FR_BUFFER_SIZE")
+    os.environ["TORCH_FR_BUFFER_SIZE"] = "0"
+    nofr = dist.new_group(backend="cxlrt")
+    if fr is None:
+        del os.environ["TORCH_FR_BUFFER_SIZE"]
+    else:
+        os.environ["TORCH_FR_BUFFER_SIZE"] = fr
     rows = []
     for nbytes in sizes:
         t = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
         row = {"bytes": nbytes}
-        for name, group in (("cxlrt", None), ("gloo", gloo), ("fake", fake)):
+        for name, group in (("cxlrt", None), ("nofr", nofr), ("gloo", gloo), ("fake", fake)):
             for _ in range(warmup):
                 dist.all_reduce(t, group=group)
             # Batches of back-to-back calls (nccl-tests' way): a barrier before
@@ -239,7 +252,7 @@ def _torch_rank(rank, world, sizes, iters, reps, warmup, init, q):
             s = torch.tensor([statistics.median(samples)], dtype=torch.float64)
             dist.all_reduce(s, op=dist.ReduceOp.MAX)  # the slowest rank
             row[name + "_us"] = s.item() * 1e6
-            if name != "fake":
+            if name in ("cxlrt", "gloo"):
                 factor = 2 * (world - 1) / world if world > 1 else 1  # 1 rank: algbw
                 row[name + "_busbw_gbps"] = nbytes / s.item() / 1e9 * factor
         rows.append(row)
@@ -277,6 +290,7 @@ def bench_torch(lo: int, hi: int, iters: int, reps: int, warmup: int, as_json: b
         r["memcpy_gbps"] = memcpy
         r["cxlrt_over_gloo"] = r["cxlrt_busbw_gbps"] / r["gloo_busbw_gbps"]
         r["cxlrt_over_fake"] = r["cxlrt_us"] / r["fake_us"]
+        r["nofr_over_fake"] = r["nofr_us"] / r["fake_us"]
     if as_json:
         for r in rows:
             print(json.dumps(r))
@@ -285,14 +299,15 @@ def bench_torch(lo: int, hi: int, iters: int, reps: int, warmup: int, as_json: b
           f"batches of {iters} calls; "
           f"this machine's memcpy (numpy, 64 MiB): {memcpy:.2f} GB/s")
     print("# us: one call (the slower rank's median); fake: torch's dispatch floor (no "
-          "communication)")
-    print("%10s %12s %11s %11s %10s %9s %10s %11s" % (
-        "bytes", "cxlrt busbw", "gloo busbw", "cxlrt/gloo", "cxlrt us", "gloo us", "fake us",
-        "cxlrt/fake"))
+          "communication); no-FR: a cxlrt group without torch's flight-recorder hook")
+    print("%10s %12s %11s %11s %10s %9s %9s %10s %11s %11s" % (
+        "bytes", "cxlrt busbw", "gloo busbw", "cxlrt/gloo", "cxlrt us", "no-FR us", "gloo us",
+        "fake us", "cxlrt/fake", "no-FR/fake"))
     for r in rows:
-        print("%10d %12.2f %11.2f %11.2f %10.2f %9.2f %10.2f %11.2f" % (
+        print("%10d %12.2f %11.2f %11.2f %10.2f %9.2f %9.2f %10.2f %11.2f %11.2f" % (
             r["bytes"], r["cxlrt_busbw_gbps"], r["gloo_busbw_gbps"], r["cxlrt_over_gloo"],
-            r["cxlrt_us"], r["gloo_us"], r["fake_us"], r["cxlrt_over_fake"]))
+            r["cxlrt_us"], r["nofr_us"], r["gloo_us"], r["fake_us"], r["cxlrt_over_fake"],
+            r["nofr_over_fake"]))
     return 0
 
 
