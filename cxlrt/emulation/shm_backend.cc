@@ -8,6 +8,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <memory>
@@ -236,8 +237,9 @@ absl::StatusOr<std::unique_ptr<MemoryBackend>> CreateShm(const PoolUri& uri, uin
     // Memory comes later, but a pool larger than its filesystem could never
     // be filled: refuse it now, as reserve=all does.
     const std::string dir = paths[0].substr(0, paths[0].rfind('/'));
-    struct statvfs fs;
-    if (statvfs(dir.c_str(), &fs) == 0 && size > static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize) {
+    struct statvfs fs;  // f_blocks 0: a tmpfs without a size limit
+    if (statvfs(dir.c_str(), &fs) == 0 && fs.f_blocks != 0 &&
+        size > static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "cannot reserve ", FormatBytes(size), " for ", paths[0], ": the filesystem of ", dir,
           " holds ", FormatBytes(static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize)));
@@ -259,6 +261,16 @@ absl::StatusOr<std::unique_ptr<MemoryBackend>> CreateShm(const PoolUri& uri, uin
     if (ftruncate(fd, static_cast<off_t>(device_size)) != 0) {
       return ErrnoStatus(errno,
                          absl::StrCat("cannot size ", path, " to ", FormatBytes(device_size)));
+    }
+  }
+  // A lazy pool's tables (the first 2 MiB: pool_layout.h) are reserved
+  // here, before anything reads or writes them (a touch of a hole on a full
+  // filesystem is a SIGBUS) and while a failure still removes the files.
+  if (lazy) {
+    const uint64_t tables = std::min<uint64_t>(runtime::kHeapAlignment, device_size);
+    if (int rc = posix_fallocate(b.fds[0], 0, static_cast<off_t>(tables)); rc != 0) {
+      return ErrnoStatus(rc, absl::StrCat("cannot reserve ", FormatBytes(tables), " for ", paths[0],
+                                          " (is the filesystem full?)"));
     }
   }
   return MapAll(b, std::move(info), paths, device_size, /*creating=*/true, lazy,

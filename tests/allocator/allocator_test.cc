@@ -647,6 +647,27 @@ TEST(LazyReservationTest, AFullFilesystemIsAClearErrorAtTheClaimNeverASigbus) {
       _exit(77);
     }
     const std::string uri = absl::StrCat("emu://lazy?size=48M&reserve=lazy&dir=", mnt);
+    {
+      // Creating on a full filesystem: a clear error, no file left behind.
+      const int full = open((mnt + "/full").c_str(), O_CREAT | O_RDWR, 0600);
+      if (full < 0 || posix_fallocate(full, 0, 63 << 20) != 0) _exit(5);
+      auto pool = Pool::Create(uri);
+      if (pool.ok() || pool.status().code() != absl::StatusCode::kResourceExhausted) _exit(6);
+      if (access((mnt + "/cxlrt-lazy.pool").c_str(), F_OK) == 0) _exit(7);
+      close(full);
+      unlink((mnt + "/full").c_str());
+    }
+    {
+      // A tmpfs without a size limit (statvfs says 0 blocks) takes a lazy pool.
+      const std::string unlimited = mnt + "/unlimited";
+      if (mkdir(unlimited.c_str(), 0700) != 0 ||
+          mount("tmpfs", unlimited.c_str(), "tmpfs", 0, "size=0") != 0) {
+        _exit(8);
+      }
+      if (!Pool::Create(absl::StrCat("emu://u?size=8M&reserve=lazy&dir=", unlimited)).ok()) {
+        _exit(9);
+      }
+    }
     Host h = OpenHost(uri, true);
     if (h.alloc == nullptr) _exit(2);
     const int ballast = open((mnt + "/ballast").c_str(), O_CREAT | O_RDWR, 0600);
