@@ -13,10 +13,10 @@
 
 #include "bench/harness.h"
 #include "cxlrt/collectives/types.h"
-#include "nlohmann/json.hpp"
 #include "cxlrt/runtime/coherence.h"
 #include "cxlrt/runtime/config.h"
 #include "cxlrt/runtime/pinning.h"
+#include "nlohmann/json.hpp"
 
 namespace cxlrt::bench {
 namespace {

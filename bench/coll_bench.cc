@@ -11,15 +11,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "cxlrt/allocator/allocator.h"
 #include "bench/harness.h"
+#include "cxlrt/allocator/allocator.h"
 #include "cxlrt/collectives/communicator.h"
 #include "cxlrt/collectives/device.h"
-#include "nlohmann/json.hpp"
 #include "cxlrt/runtime/config.h"
 #include "cxlrt/runtime/membership.h"
 #include "cxlrt/runtime/pinning.h"
 #include "cxlrt/runtime/pool.h"
+#include "nlohmann/json.hpp"
 
 namespace cxlrt::bench {
 namespace {

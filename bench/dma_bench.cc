@@ -9,8 +9,8 @@
 #include "absl/strings/str_format.h"
 #include "bench/harness.h"
 #include "cxlrt/collectives/device.h"
-#include "nlohmann/json.hpp"
 #include "cxlrt/runtime/status_macros.h"
+#include "nlohmann/json.hpp"
 
 namespace cxlrt::bench {
 

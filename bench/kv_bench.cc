@@ -11,14 +11,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "cxlrt/allocator/allocator.h"
 #include "bench/harness.h"
+#include "cxlrt/allocator/allocator.h"
 #include "cxlrt/collectives/device.h"
 #include "cxlrt/kv/store.h"
-#include "nlohmann/json.hpp"
 #include "cxlrt/runtime/membership.h"
 #include "cxlrt/runtime/status_macros.h"
 #include "cxlrt/runtime/units.h"
+#include "nlohmann/json.hpp"
 
 namespace cxlrt::bench {
 namespace {

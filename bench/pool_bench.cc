@@ -15,9 +15,9 @@
 #include "absl/strings/str_format.h"
 #include "bench/harness.h"
 #include "cxlrt/emulation/access_model.h"
-#include "nlohmann/json.hpp"
 #include "cxlrt/runtime/pool.h"
 #include "cxlrt/runtime/units.h"
+#include "nlohmann/json.hpp"
 
 namespace cxlrt::bench {
 namespace {

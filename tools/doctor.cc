@@ -10,12 +10,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cxlrt/collectives/device.h"
-#include "nlohmann/json.hpp"
 #include "cxlrt/runtime/config.h"
 #include "cxlrt/runtime/cpu_features.h"
 #include "cxlrt/runtime/pool.h"
 #include "cxlrt/runtime/topology.h"
 #include "cxlrt/runtime/units.h"
+#include "nlohmann/json.hpp"
 #include "tools/commands.h"
 
 namespace cxlrt::tools {

@@ -12,10 +12,10 @@
 #include "cxlrt/allocator/allocator.h"
 #include "cxlrt/allocator/size_classes.h"
 #include "cxlrt/kv/store.h"
-#include "nlohmann/json.hpp"
 #include "cxlrt/runtime/membership.h"
 #include "cxlrt/runtime/pool.h"
 #include "cxlrt/runtime/units.h"
+#include "nlohmann/json.hpp"
 #include "tools/commands.h"
 
 namespace cxlrt::tools {

@@ -111,8 +111,9 @@ absl::StatusOr<PoolUri> ParsePoolUri(absl::string_view text) {
 
   const std::set<std::string> allowed =
       uri.scheme == PoolScheme::kEmu
-          ? std::set<std::string>{"size",    "node",  "coherence",  "dir",     "mode",    "hosts",
-                                  "devices", "model", "latency_ns", "bw_gbps", "prefault", "reserve"}
+          ? std::set<std::string>{"size",       "node",    "coherence", "dir",
+                                  "mode",       "hosts",   "devices",   "model",
+                                  "latency_ns", "bw_gbps", "prefault",  "reserve"}
           : std::set<std::string>{"size", "coherence", "hosts"};
   std::set<std::string> seen;
   if (!query.empty()) {

@@ -26,11 +26,11 @@
 #include "cxlrt/collectives/communicator.h"
 #include "cxlrt/collectives/device.h"
 #include "cxlrt/kv/store.h"
-#include "python/src/buffers.h"
-#include "python/src/errors.h"
 #include "cxlrt/runtime/coherence.h"
 #include "cxlrt/runtime/membership.h"
 #include "cxlrt/runtime/pool.h"
+#include "python/src/buffers.h"
+#include "python/src/errors.h"
 
 namespace py = pybind11;
 

@@ -11,9 +11,9 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "cxlrt/allocator/allocator.h"
-#include "gtest/gtest.h"
 #include "cxlrt/runtime/fault.h"
 #include "cxlrt/runtime/membership.h"
+#include "gtest/gtest.h"
 #include "tests/testing/host_util.h"
 #include "tests/testing/test_util.h"
 

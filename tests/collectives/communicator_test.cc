@@ -19,10 +19,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "cxlrt/allocator/allocator.h"
-#include "gtest/gtest.h"
 #include "cxlrt/runtime/checksum.h"
 #include "cxlrt/runtime/fault.h"
 #include "cxlrt/runtime/membership.h"
+#include "gtest/gtest.h"
 #include "tests/collectives/late_engine.h"
 #include "tests/testing/test_util.h"
 

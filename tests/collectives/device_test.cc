@@ -6,8 +6,8 @@
 
 #include <vector>
 
-#include "gtest/gtest.h"
 #include "cxlrt/runtime/pool.h"
+#include "gtest/gtest.h"
 #include "tests/testing/test_util.h"
 
 namespace cxlrt::collectives {

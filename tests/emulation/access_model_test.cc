@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "cxlrt/emulation/shm_backend.h"
-#include "gtest/gtest.h"
 #include "cxlrt/runtime/pool.h"
+#include "gtest/gtest.h"
 #include "tests/testing/test_util.h"
 
 namespace cxlrt::emulation {

@@ -7,10 +7,10 @@
 #include <vector>
 
 #include "cxlrt/emulation/shm_backend.h"
-#include "gtest/gtest.h"
 #include "cxlrt/runtime/placement.h"
 #include "cxlrt/runtime/pool.h"
 #include "cxlrt/runtime/topology.h"
+#include "gtest/gtest.h"
 #include "tests/testing/test_util.h"
 
 namespace cxlrt::emulation {

@@ -6,9 +6,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "gtest/gtest.h"
 #include "cxlrt/runtime/pool.h"
 #include "cxlrt/runtime/topology.h"
+#include "gtest/gtest.h"
 #include "tests/testing/test_util.h"
 
 namespace cxlrt::emulation {

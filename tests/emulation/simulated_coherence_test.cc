@@ -7,8 +7,8 @@
 #include <cstring>
 #include <string>
 
-#include "gtest/gtest.h"
 #include "cxlrt/runtime/pool.h"
+#include "gtest/gtest.h"
 #include "tests/testing/test_util.h"
 
 namespace cxlrt::emulation {

@@ -17,11 +17,11 @@
 #include "absl/strings/str_cat.h"
 #include "cxlrt/collectives/communicator.h"
 #include "cxlrt/collectives/device.h"
-#include "gtest/gtest.h"
 #include "cxlrt/kv/store.h"
 #include "cxlrt/runtime/fault.h"
 #include "cxlrt/runtime/membership.h"
 #include "cxlrt/runtime/pool.h"
+#include "gtest/gtest.h"
 #include "tests/testing/host_util.h"
 #include "tests/testing/test_util.h"
 

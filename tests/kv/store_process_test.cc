@@ -13,12 +13,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "cxlrt/allocator/allocator.h"
-#include "gtest/gtest.h"
 #include "cxlrt/kv/store.h"
 #include "cxlrt/runtime/checksum.h"
 #include "cxlrt/runtime/fault.h"
 #include "cxlrt/runtime/membership.h"
 #include "cxlrt/runtime/status_macros.h"
+#include "gtest/gtest.h"
 #include "tests/testing/host_util.h"
 #include "tests/testing/test_util.h"
 

@@ -14,10 +14,10 @@
 #include "absl/strings/str_cat.h"
 #include "cxlrt/allocator/allocator.h"
 #include "cxlrt/collectives/device.h"
-#include "gtest/gtest.h"
 #include "cxlrt/kv/internal/eviction.h"
 #include "cxlrt/kv/internal/store_view.h"
 #include "cxlrt/runtime/membership.h"
+#include "gtest/gtest.h"
 #include "tests/testing/host_util.h"
 #include "tests/testing/test_util.h"
 

@@ -9,8 +9,8 @@
 
 #include <unistd.h>
 
-#include "gtest/gtest.h"
 #include "cxlrt/runtime/pool.h"
+#include "gtest/gtest.h"
 #include "tests/testing/test_util.h"
 
 namespace cxlrt::runtime {

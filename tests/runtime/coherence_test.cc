@@ -6,9 +6,9 @@
 #include <numeric>
 #include <vector>
 
-#include "gtest/gtest.h"
 #include "cxlrt/runtime/cpu_features.h"
 #include "cxlrt/runtime/pool.h"
+#include "gtest/gtest.h"
 #include "tests/testing/test_util.h"
 
 namespace cxlrt::runtime {

@@ -10,8 +10,8 @@
 #include <sstream>
 #include <string>
 
-#include "gtest/gtest.h"
 #include "cxlrt/runtime/config.h"
+#include "gtest/gtest.h"
 #include "tests/testing/cpu_levels.h"
 #include "tests/testing/test_util.h"
 

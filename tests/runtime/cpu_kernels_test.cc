@@ -7,8 +7,8 @@
 #include <random>
 #include <vector>
 
-#include "gtest/gtest.h"
 #include "cxlrt/runtime/checksum.h"
+#include "gtest/gtest.h"
 #include "tests/testing/cpu_levels.h"
 
 namespace cxlrt::runtime_internal {

@@ -4,8 +4,8 @@
 
 #include <fstream>
 
-#include "gtest/gtest.h"
 #include "cxlrt/runtime/pool.h"
+#include "gtest/gtest.h"
 #include "tests/testing/test_util.h"
 
 namespace cxlrt::runtime {

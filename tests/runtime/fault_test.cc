@@ -6,9 +6,9 @@
 #include <fstream>
 #include <sstream>
 
-#include "gtest/gtest.h"
 #include "cxlrt/runtime/membership.h"
 #include "cxlrt/runtime/pool.h"
+#include "gtest/gtest.h"
 #include "tests/testing/test_util.h"
 
 namespace cxlrt::runtime {
@@ -29,8 +29,9 @@ AttachOptions Fast(std::optional<uint32_t> slot = std::nullopt) {
 }
 
 TEST(FaultSpecTest, ParsesEveryAction) {
-  auto rules = ParseFaultSpec("bakery.locked:crash,membership.heartbeat:stall=250:3,"
-                              "coherence.publish:corrupt:2");
+  auto rules = ParseFaultSpec(
+      "bakery.locked:crash,membership.heartbeat:stall=250:3,"
+      "coherence.publish:corrupt:2");
   CXLRT_ASSERT_OK(rules);
   ASSERT_EQ(rules->size(), 3u);
   EXPECT_EQ((*rules)[0].action, FaultAction::kCrash);

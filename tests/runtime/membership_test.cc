@@ -11,9 +11,9 @@
 #include <set>
 
 #include "absl/strings/match.h"
-#include "gtest/gtest.h"
 #include "cxlrt/runtime/bakery_lock.h"
 #include "cxlrt/runtime/fault.h"
+#include "gtest/gtest.h"
 #include "tests/testing/test_util.h"
 
 namespace cxlrt::runtime {

@@ -8,8 +8,8 @@
 #include <random>
 
 #include "cxlrt/emulation/shm_backend.h"
-#include "gtest/gtest.h"
 #include "cxlrt/runtime/membership.h"
+#include "gtest/gtest.h"
 #include "tests/testing/test_util.h"
 
 namespace cxlrt::runtime {

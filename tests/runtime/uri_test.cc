@@ -1,7 +1,7 @@
 #include "cxlrt/runtime/uri.h"
 
-#include "gtest/gtest.h"
 #include "cxlrt/runtime/units.h"
+#include "gtest/gtest.h"
 #include "tests/testing/test_util.h"
 
 namespace cxlrt::runtime {

@@ -6,8 +6,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "gtest/gtest.h"
 #include "cxlrt/runtime/cpu_features.h"
+#include "gtest/gtest.h"
 
 namespace cxlrt::runtime {
 // Test names print the level, not its byte.

@@ -17,8 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "gtest/gtest.h"
 #include "cxlrt/runtime/coherence_domain.h"
+#include "gtest/gtest.h"
 
 namespace cxlrt::runtime {
 // Test names print the domain, not its bytes.

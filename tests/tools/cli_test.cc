@@ -11,10 +11,10 @@
 #include <string>
 
 #include "cxlrt/allocator/allocator.h"
-#include "gtest/gtest.h"
-#include "nlohmann/json.hpp"
 #include "cxlrt/runtime/membership.h"
 #include "cxlrt/runtime/pool.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/testing/cli_util.h"
 #include "tests/testing/test_util.h"
 
