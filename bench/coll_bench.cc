@@ -14,7 +14,8 @@
 #include "bench/harness.h"
 #include "cxlrt/allocator/allocator.h"
 #include "cxlrt/collectives/communicator.h"
-#include "cxlrt/collectives/device.h"
+#include "cxlrt/gpu/gpu.h"
+#include "cxlrt/gpu/memory.h"
 #include "cxlrt/runtime/config.h"
 #include "cxlrt/runtime/membership.h"
 #include "cxlrt/runtime/pinning.h"
@@ -360,13 +361,13 @@ int RunRank(const CollBenchOptions& o, const Kind& k, DataType t, RedOp op, cons
   uint8_t* drecv = nullptr;
   if (o.device) {
     if (o.in_pool) return fail("--device and --in-pool exclude each other");
-    auto a = collectives::DeviceAlloc(buf_bytes);
-    auto b = collectives::DeviceAlloc(buf_bytes);
+    auto a = gpu::GpuAlloc(buf_bytes);
+    auto b = gpu::GpuAlloc(buf_bytes);
     if (!a.ok() || !b.ok()) return fail("GPU buffers: " + (a.ok() ? b : a).status().ToString());
     dsend = static_cast<uint8_t*>(*a);
     drecv = static_cast<uint8_t*>(*b);
     if (rank == 0) {
-      std::printf("# %s", collectives::DescribeDevices(nullptr, 0).c_str());
+      std::printf("# %s", gpu::DescribeGpus(nullptr, 0).c_str());
     }
   }
   // Where a host pointer into send/recv lies in the GPU images.
@@ -398,7 +399,7 @@ int RunRank(const CollBenchOptions& o, const Kind& k, DataType t, RedOp op, cons
           Fill(t, send, c.send, rank);
         }
         if (!o.device) return absl::OkStatus();
-        return collectives::DeviceCopy(const_cast<void*>(cs), s, c.send * es);
+        return gpu::CopySync(const_cast<void*>(cs), s, c.send * es);
       };
       if (absl::Status st = fill(); !st.ok()) return fail(st.ToString());
       for (int w = 0; w < o.warmup; ++w) {
@@ -418,7 +419,7 @@ int RunRank(const CollBenchOptions& o, const Kind& k, DataType t, RedOp op, cons
         if (absl::Status st = Call(cm, k, t, op, o.root, c, cs, cr); !st.ok())
           return fail(st.ToString());
         if (o.device) {
-          if (absl::Status st = collectives::DeviceCopy(recv, drecv, buf_bytes); !st.ok())
+          if (absl::Status st = gpu::CopySync(recv, drecv, buf_bytes); !st.ok())
             return fail(st.ToString());
         }
         wrong = CountWrong(k, t, op, nranks, rank, o.root, c, static_cast<const uint8_t*>(r));
@@ -444,8 +445,8 @@ int RunRank(const CollBenchOptions& o, const Kind& k, DataType t, RedOp op, cons
     rows.push_back(row);
     if (bytes == o.max_bytes) break;
   }
-  collectives::DeviceFree(dsend);
-  collectives::DeviceFree(drecv);
+  gpu::GpuFree(dsend);
+  gpu::GpuFree(drecv);
   if (absl::Status st = cm.Destroy(); !st.ok()) return fail(st.ToString());
   if (rank != 0) return 0;
 

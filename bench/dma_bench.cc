@@ -7,14 +7,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/gpu_timing.h"
 #include "bench/harness.h"
-#include "cxlrt/collectives/device.h"
+#include "cxlrt/gpu/dma_engine.h"
+#include "cxlrt/gpu/gpu.h"
+#include "cxlrt/gpu/memory.h"
 #include "cxlrt/runtime/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace cxlrt::bench {
-
-using collectives::TimeCopies;
 
 namespace {
 
@@ -24,15 +25,15 @@ namespace {
 struct GpuPool {
   std::unique_ptr<ScratchPool> scratch;
   AttachedHost host;
-  std::unique_ptr<collectives::DeviceEngine> engine;
+  std::unique_ptr<gpu::DmaEngine> engine;
   uint8_t* a = nullptr;
   uint8_t* b = nullptr;
   uint8_t* flags = nullptr;
 };
 
 absl::StatusOr<GpuPool> MakeGpuPool(const std::string& uri, const char* bench, uint64_t bytes) {
-  if (!collectives::DevicesAvailable()) {
-    return absl::UnavailableError("needs a GPU: " + collectives::DevicesUnavailableReason());
+  if (!gpu::GpuAvailable()) {
+    return absl::UnavailableError("needs a GPU: " + gpu::GpuUnavailableReason());
   }
   GpuPool g;
   CXLRT_ASSIGN_OR_RETURN(
@@ -54,8 +55,7 @@ absl::StatusOr<GpuPool> MakeGpuPool(const std::string& uri, const char* bench, u
   std::memset(g.a, 1, bytes);  // fault the pages in
   std::memset(g.b, 1, bytes);
   std::memset(g.flags, 0, 4096);
-  CXLRT_ASSIGN_OR_RETURN(g.engine,
-                         collectives::MakeDeviceEngine(pool.coherence(), base, pool.size()));
+  CXLRT_ASSIGN_OR_RETURN(g.engine, gpu::MakeDmaEngine(pool.coherence(), base, pool.size()));
   return g;
 }
 
@@ -67,19 +67,19 @@ int RunDmaBench(const DmaBenchOptions& o) {
     return 1;
   };
   const uint64_t bytes = o.max_bytes;
-  auto gpu = MakeGpuPool(o.uri, "dma", bytes);
-  if (!gpu.ok()) return fail(std::string(gpu.status().message()));
-  uint8_t* pool_a = gpu->a;
-  uint8_t* pool_b = gpu->b;
-  auto dev_a = collectives::DeviceAlloc(bytes);
-  auto dev_b = collectives::DeviceAlloc(bytes);
-  auto pin_a = collectives::PinnedAlloc(bytes);
-  auto pin_b = collectives::PinnedAlloc(bytes);
+  auto mapped = MakeGpuPool(o.uri, "dma", bytes);
+  if (!mapped.ok()) return fail(std::string(mapped.status().message()));
+  uint8_t* pool_a = mapped->a;
+  uint8_t* pool_b = mapped->b;
+  auto dev_a = gpu::GpuAlloc(bytes);
+  auto dev_b = gpu::GpuAlloc(bytes);
+  auto pin_a = gpu::PageLockedAlloc(bytes);
+  auto pin_b = gpu::PageLockedAlloc(bytes);
   if (!dev_a.ok() || !dev_b.ok() || !pin_a.ok() || !pin_b.ok()) return fail("buffers");
   std::memset(*pin_a, 2, bytes);
   std::memset(*pin_b, 3, bytes);
 
-  std::string header = collectives::DescribeDevices(nullptr, 0);
+  std::string header = gpu::DescribeGpus(nullptr, 0);
   if (!o.json) {
     std::printf("# cxlrt bench dma: %s", header.c_str());
     std::printf("# GB/s = bytes / time of one copy (both: the two directions' bytes together)\n");
@@ -122,10 +122,10 @@ int RunDmaBench(const DmaBenchOptions& o) {
                   ratio(pool_both, pin_both));
     }
   }
-  collectives::DeviceFree(*dev_a);
-  collectives::DeviceFree(*dev_b);
-  collectives::PinnedFree(*pin_a);
-  collectives::PinnedFree(*pin_b);
+  gpu::GpuFree(*dev_a);
+  gpu::GpuFree(*dev_b);
+  gpu::PageLockedFree(*pin_a);
+  gpu::PageLockedFree(*pin_b);
   return 0;
 }
 
@@ -138,37 +138,37 @@ int RunDoorbellBench(const DoorbellBenchOptions& o) {
     return fail("sizes must be multiples of 8 bytes, -b <= -e, and -f at least 2");
   }
   const uint64_t bytes = o.max_bytes;
-  auto gpu = MakeGpuPool(o.uri, "doorbell", bytes);
-  if (!gpu.ok()) return fail(std::string(gpu.status().message()));
+  auto mapped = MakeGpuPool(o.uri, "doorbell", bytes);
+  if (!mapped.ok()) return fail(std::string(mapped.status().message()));
   // The flags on lines (and prefetch pairs) of their own.
-  auto* flag_a = reinterpret_cast<uint64_t*>(gpu->flags);
-  auto* flag_b = reinterpret_cast<uint64_t*>(gpu->flags + 256);
-  auto dev = collectives::DeviceAlloc(bytes);
-  auto pin = collectives::PinnedAlloc(bytes);
+  auto* flag_a = reinterpret_cast<uint64_t*>(mapped->flags);
+  auto* flag_b = reinterpret_cast<uint64_t*>(mapped->flags + 256);
+  auto dev = gpu::GpuAlloc(bytes);
+  auto pin = gpu::PageLockedAlloc(bytes);
   if (!dev.ok() || !pin.ok()) return fail("buffers");
 
   if (!o.json) {
-    std::printf("# cxlrt bench doorbell: %s", collectives::DescribeDevices(nullptr, 0).c_str());
+    std::printf("# cxlrt bench doorbell: %s", gpu::DescribeGpus(nullptr, 0).c_str());
     std::printf(
         "# us per hop (device -> pool, doorbell, pool -> device), median of %d runs of %d "
         "round trips; copies: the GPU time of the hop's two copies alone\n",
         o.reps, o.rounds);
     std::printf("%10s %9s", "size", "copies");
-    for (collectives::Doorbell d : collectives::kDoorbells) {
-      std::printf(" %9s", collectives::DoorbellName(d));
+    for (Doorbell d : kDoorbells) {
+      std::printf(" %9s", DoorbellName(d));
     }
     std::printf(" %7s\n", "#wrong");
   }
   for (uint64_t n = o.min_bytes; n <= o.max_bytes; n *= o.factor) {
-    auto out = collectives::TimeCopies(*pin, *dev, n, 20);
-    auto in = collectives::TimeCopies(*dev, *pin, n, 20);
+    auto out = TimeCopies(*pin, *dev, n, 20);
+    auto in = TimeCopies(*dev, *pin, n, 20);
     const double copies_us = out.ok() && in.ok() ? (*out + *in) * 1e6 : 0;
     nlohmann::json j = {{"bytes", n}, {"copies_us", copies_us}};
     uint64_t wrong = 0;
     std::string line = absl::StrFormat("%10lu %9.2f", static_cast<unsigned long>(n), copies_us);
-    for (collectives::Doorbell d : collectives::kDoorbells) {
-      auto t = collectives::TimePingPong(d, gpu->a, gpu->b, flag_a, flag_b, n, o.rounds, o.reps);
-      const std::string name = collectives::DoorbellName(d);
+    for (Doorbell d : kDoorbells) {
+      auto t = TimePingPong(d, mapped->a, mapped->b, flag_a, flag_b, n, o.rounds, o.reps);
+      const std::string name = DoorbellName(d);
       if (t.ok()) {
         wrong += t->wrong_bytes;
         j[name + "_us"] = t->hop_seconds * 1e6;
@@ -189,8 +189,8 @@ int RunDoorbellBench(const DoorbellBenchOptions& o) {
     std::fflush(stdout);
     if (n > o.max_bytes / o.factor) break;  // no overflow past the last size
   }
-  collectives::DeviceFree(*dev);
-  collectives::PinnedFree(*pin);
+  gpu::GpuFree(*dev);
+  gpu::PageLockedFree(*pin);
   return 0;
 }
 

@@ -22,7 +22,7 @@ int RunDmaBench(const DmaBenchOptions& options);
 
 // `cxlrt bench doorbell`: per size, the one-way latency of a hop through the
 // pool (device -> pool copy, the doorbell, pool -> device copy) with each
-// way of ringing and hearing a doorbell (collectives::Doorbell), beside the
+// way of ringing and hearing a doorbell (bench/gpu_timing.h), beside the
 // GPU time of the hop's two copies alone (the floor), and the bytes that
 // came back wrong. Makes its own pool. Needs a GPU.
 struct DoorbellBenchOptions {

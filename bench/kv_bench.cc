@@ -11,9 +11,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/gpu_timing.h"
 #include "bench/harness.h"
 #include "cxlrt/allocator/allocator.h"
-#include "cxlrt/collectives/device.h"
+#include "cxlrt/gpu/gpu.h"
+#include "cxlrt/gpu/memory.h"
 #include "cxlrt/kv/store.h"
 #include "cxlrt/runtime/membership.h"
 #include "cxlrt/runtime/status_macros.h"
@@ -119,24 +121,24 @@ int RunKvBench(const KvBenchOptions& o) {
   std::vector<uint8_t*> ddst(readers, nullptr);
   double pinned_h2d = 0, pinned_d2h = 0;
   if (o.device) {
-    auto a = collectives::DeviceAlloc(ws);
+    auto a = gpu::GpuAlloc(ws);
     if (!a.ok()) return fail(a.status());
     dsrc = static_cast<uint8_t*>(*a);
-    if (absl::Status st = collectives::DeviceCopy(dsrc, src.get(), ws); !st.ok()) return fail(st);
+    if (absl::Status st = gpu::CopySync(dsrc, src.get(), ws); !st.ok()) return fail(st);
     for (auto& d : ddst) {
-      auto b = collectives::DeviceAlloc(ws);
+      auto b = gpu::GpuAlloc(ws);
       if (!b.ok()) return fail(b.status());
       d = static_cast<uint8_t*>(*b);
     }
     const size_t ref = std::min<uint64_t>(ws, 64 << 20);
-    auto pin = collectives::PinnedAlloc(ref);
+    auto pin = gpu::PageLockedAlloc(ref);
     if (!pin.ok()) return fail(pin.status());
     std::memset(*pin, 1, ref);
-    auto h2d = collectives::TimeCopies(ddst[0], *pin, ref, 10);
-    auto d2h = collectives::TimeCopies(*pin, dsrc, ref, 10);
+    auto h2d = TimeCopies(ddst[0], *pin, ref, 10);
+    auto d2h = TimeCopies(*pin, dsrc, ref, 10);
     if (h2d.ok() && *h2d > 0) pinned_h2d = ref / *h2d / 1e9;
     if (d2h.ok() && *d2h > 0) pinned_d2h = ref / *d2h / 1e9;
-    collectives::PinnedFree(*pin);
+    gpu::PageLockedFree(*pin);
   }
   uint8_t* put_src = o.device ? dsrc : src.get();
 
@@ -210,8 +212,7 @@ int RunKvBench(const KvBenchOptions& o) {
         if (rep == 0) {  // check the bytes once per size
           for (int r = 0; r < readers; ++r) {
             if (o.device) {
-              if (absl::Status st = collectives::DeviceCopy(dst[r].get(), ddst[r], n * b);
-                  !st.ok()) {
+              if (absl::Status st = gpu::CopySync(dst[r].get(), ddst[r], n * b); !st.ok()) {
                 return fail(st);
               }
             }
@@ -269,8 +270,8 @@ int RunKvBench(const KvBenchOptions& o) {
     if (!o.device) return memcpy_bw.median;
     return r.op == "get" ? pinned_h2d : pinned_d2h;
   };
-  collectives::DeviceFree(dsrc);
-  for (uint8_t* d : ddst) collectives::DeviceFree(d);
+  gpu::GpuFree(dsrc);
+  for (uint8_t* d : ddst) gpu::GpuFree(d);
   if (o.json) {
     nlohmann::json j = {{"hosts", hosts},
                         {"device", o.device},

@@ -29,7 +29,7 @@ if [[ -n $prebuilt ]]; then
 else
   jobs=$(nproc 2>/dev/null || echo 16)
   cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCXLRT_PYTHON=ON >"$OUT/build.log" 2>&1 &&
-    cmake --build build-gpu -j"$jobs" --target cxlrt_cli gpu_test device_test _cxlrt \
+    cmake --build build-gpu -j"$jobs" --target cxlrt_cli gpu_test gpu_api_test _cxlrt \
       cxlrt_shared >>"$OUT/build.log" 2>&1 ||
     { tail -30 "$OUT/build.log"; exit 1; }
   cp "$OUT/build.log" "$LOG/"
@@ -67,7 +67,7 @@ step() {  # step NAME SECONDS COMMAND...: runs it, logs to $OUT/NAME.txt
 
 nvidia-smi >"$LOG/nvidia-smi.txt" 2>&1 || true
 step doctor 30 "$bin/cxlrt" doctor
-step device_test 30 "$bin/device_test" --gtest_brief=1
+step gpu_api_test 30 "$bin/gpu_api_test" --gtest_brief=1
 step gpu_test 240 "$bin/gpu_test" --gtest_brief=1
 # The Python side: CUDA tensors through the API, KV paged caches in GPU
 # memory, and the torch backend's calls on CUDA tensors against Gloo.

@@ -8,9 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc 2>/dev/null || echo 2)
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCXLRT_PYTHON=ON >/dev/null
-cmake --build build-gpu -j"$jobs" --target cxlrt_cli gpu_test device_test cxlrt_shared _cxlrt
+cmake --build build-gpu -j"$jobs" --target cxlrt_cli gpu_test gpu_api_test cxlrt_shared _cxlrt
 rm -rf .gpu && mkdir -p .gpu/bin .gpu/lib
-for b in cxlrt gpu_test device_test; do
+for b in cxlrt gpu_test gpu_api_test; do
   strip -o .gpu/bin/$b build-gpu/bin/$b
 done
 # The Python package as pip installs it (sources, the torch backend's

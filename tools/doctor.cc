@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "cxlrt/collectives/device.h"
+#include "cxlrt/gpu/gpu.h"
 #include "cxlrt/runtime/config.h"
 #include "cxlrt/runtime/cpu_features.h"
 #include "cxlrt/runtime/pool.h"
@@ -59,17 +59,17 @@ CudaInfo ProbeCuda() {
   return c;
 }
 
-// The GPU data path (cxlrt/collectives/device.h): devices, their PCI and NUMA
+// The GPU data path (cxlrt/gpu/gpu.h): devices, their PCI and NUMA
 // place, and whether a pool registers with CUDA (a scratch emulated pool of
 // 64 MiB, made and destroyed here).
 std::string ProbeGpuPath() {
-  if (!collectives::DevicesAvailable()) {
-    return "unavailable: " + collectives::DevicesUnavailableReason();
+  if (!gpu::GpuAvailable()) {
+    return "unavailable: " + gpu::GpuUnavailableReason();
   }
   const std::string uri = absl::StrCat("emu://doctor-", getpid(), "?size=64M");
   auto pool = runtime::Pool::Create(uri);
-  if (!pool.ok()) return collectives::DescribeDevices(nullptr, 0);
-  std::string out = collectives::DescribeDevices((*pool)->backend().base(), (*pool)->size());
+  if (!pool.ok()) return gpu::DescribeGpus(nullptr, 0);
+  std::string out = gpu::DescribeGpus((*pool)->backend().base(), (*pool)->size());
   pool->reset();
   (void)runtime::Pool::Destroy(uri, {.force = true});
   return out;

@@ -10,6 +10,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "cxlrt/collectives/stream_proxy.h"
+#include "cxlrt/gpu/gpu.h"
+#include "cxlrt/gpu/memory.h"
 #include "cxlrt/runtime/checksum.h"
 #include "cxlrt/runtime/config.h"
 #include "cxlrt/runtime/fault.h"
@@ -165,7 +167,7 @@ Communicator::Communicator(allocator::Allocator& alloc, std::string name, int nr
     // the slots that make ChunkBytes cut GPU-sized chunks (rank 0's choice
     // holds for every rank).
     options_.slot_bytes = cfg.comm_slot_bytes;
-    if (!cfg.comm_slot_bytes_set && DevicesAvailable()) {
+    if (!cfg.comm_slot_bytes_set && gpu::GpuAvailable()) {
       options_.slot_bytes = algorithms::kDeviceSlotBytes;
     }
   }
@@ -672,10 +674,10 @@ absl::StatusOr<CopyEngine*> Communicator::EngineFor(const char* what,
   const void* host = nullptr;
   for (const void* b : buffers) {
     if (b == nullptr || InPool(b, 1)) continue;
-    (KindOf(b) == MemoryKind::kDevice ? device : host) = b;
+    (gpu::KindOf(b) == runtime::MemoryKind::kGpu ? device : host) = b;
   }
   if (device == nullptr) {
-    if (stream != nullptr) CXLRT_RETURN_IF_ERROR(StreamSynchronize(stream));
+    if (stream != nullptr) CXLRT_RETURN_IF_ERROR(gpu::StreamSynchronize(stream));
     return cpu_engine_.get();
   }
   if (host != nullptr) {
@@ -687,7 +689,7 @@ absl::StatusOr<CopyEngine*> Communicator::EngineFor(const char* what,
         "from Allocate)"));
   }
   if (!device_engine_) {
-    auto e = MakeDeviceEngine(c_, pool_.backend().base(), pool_.size());
+    auto e = MakeGpuCopyEngine(c_, pool_.backend().base(), pool_.size());
     if (!e.ok()) {
       return absl::Status(e.status().code(),
                           absl::StrCat(what, " on rank ", rank_, " of ", name_,
@@ -700,7 +702,7 @@ absl::StatusOr<CopyEngine*> Communicator::EngineFor(const char* what,
 }
 
 absl::Status Communicator::EndOnStream(CopyEngine* engine, void* stream) {
-  DeviceEngine* dev = DeviceOf(engine);
+  GpuCopyEngine* dev = DeviceOf(engine);
   return dev ? dev->FinishBefore(stream) : absl::OkStatus();
 }
 
@@ -768,14 +770,14 @@ absl::Status Communicator::Run(CollKind kind, DataType type, RedOp op, size_t co
     CXLRT_RETURN_IF_ERROR(UsableAfter(AsyncError()));
     CXLRT_ASSIGN_OR_RETURN(CopyEngine * engine,
                            EngineFor(CollKindName(kind), {send, recv}, stream, /*start=*/false));
-    DeviceEngine* dev = DeviceOf(engine);
+    GpuCopyEngine* dev = DeviceOf(engine);
     uint64_t mark = 0;
     if (dev) {
       CXLRT_ASSIGN_OR_RETURN(mark, dev->Mark(stream));
     }
     if (!proxy_) {
       proxy_ = std::make_unique<StreamProxy>([this](uint64_t seq) {
-        if (DeviceEngine* d = device_done_.load(std::memory_order_acquire)) d->SetDone(seq);
+        if (GpuCopyEngine* d = device_done_.load(std::memory_order_acquire)) d->SetDone(seq);
       });
     }
     if (dev) device_done_.store(dev, std::memory_order_release);

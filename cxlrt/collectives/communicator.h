@@ -42,7 +42,7 @@
 #include "cxlrt/collectives/algorithms/algorithm.h"
 #include "cxlrt/collectives/comm_layout.h"
 #include "cxlrt/collectives/copy_engine.h"
-#include "cxlrt/collectives/device.h"
+#include "cxlrt/collectives/gpu_engine.h"
 #include "cxlrt/collectives/transport.h"
 #include "cxlrt/collectives/types.h"
 #include "cxlrt/runtime/pool.h"
@@ -127,7 +127,7 @@ class Communicator {
   // ReduceScatter: recv == send + rank * recvcount). Buffers that lie in the
   // pool (from Allocate) are read in place instead of copied in.
   //
-  // Buffers may be GPU memory (cxlrt/collectives/device.h, docs/gpu.md): the call
+  // Buffers may be GPU memory (cxlrt/collectives/gpu_engine.h, docs/gpu.md): the call
   // then moves them with the CUDA engine (DMA to and from the pool,
   // reductions on the GPU). Every non-pool buffer of one call must be of
   // one kind; ranks may differ. `stream` (a cudaStream_t; null: the legacy
@@ -268,7 +268,7 @@ class Communicator {
                                         std::initializer_list<const void*> buffers, void* stream,
                                         bool start = true);
   // `engine` as the device engine, or null when it is another.
-  DeviceEngine* DeviceOf(CopyEngine* engine) const {
+  GpuCopyEngine* DeviceOf(CopyEngine* engine) const {
     return engine != nullptr && engine == device_engine_.get() ? device_engine_.get() : nullptr;
   }
   // After a call on `engine`: orders `stream` after it.
@@ -320,7 +320,7 @@ class Communicator {
   std::unique_ptr<PeerWatch> watch_;
   int spins_ = -1;  // spins before a wait yields; -1: CXLRT_WAIT_SPINS
   std::unique_ptr<CopyEngine> cpu_engine_;
-  std::unique_ptr<DeviceEngine> device_engine_;  // on the first call with device buffers
+  std::unique_ptr<GpuCopyEngine> device_engine_;  // on the first call with device buffers
   std::unique_ptr<Transport> transport_;         // after Join
 
   uint64_t calls_ = 0;
@@ -330,7 +330,7 @@ class Communicator {
   bool destroyed_ = false;
   // Asynchronous mode: the proxy thread (made on the first call). Declared
   // last: it is joined before the engines and the transport go.
-  std::atomic<DeviceEngine*> device_done_{nullptr};  // the engine the proxy reports to
+  std::atomic<GpuCopyEngine*> device_done_{nullptr};  // the engine the proxy reports to
   std::unique_ptr<StreamProxy> proxy_;
   bool made_block_ = false;  // rank 0 made the block (frees it if joining fails)
 };

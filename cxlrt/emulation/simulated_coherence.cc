@@ -97,7 +97,7 @@ class SimulatedCoherence final : public runtime::Coherence {
 
   // A DMA writes the pool itself: this host's copies of the lines would
   // hide its bytes (and a dirty one would later overwrite them).
-  void DoBeforeDeviceWrite(PoolOffset off, size_t n) override { DoInvalidate(off, n); }
+  void DoBeforeGpuWrite(PoolOffset off, size_t n) override { DoInvalidate(off, n); }
 
   void DoStoreFlag(PoolOffset flag, uint64_t value) override {
     DoWrite(flag, &value, sizeof(value));

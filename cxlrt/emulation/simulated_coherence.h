@@ -15,7 +15,7 @@
 //   CopyToPool     non-temporal: drops the range's lines (writing back dirty
 //                  ones), then stores straight to the pool
 //   CopyFromPool   Invalidate, then loads straight from the pool (not cached)
-//   BeforeDeviceWrite  Invalidate (a GPU's DMA then writes the pool itself)
+//   BeforeGpuWrite Invalidate (a GPU's DMA then writes the pool itself)
 //   atomic RMW     refused outside declared coherent windows (coherence.h);
 //                  inside one, the line is written back and dropped first
 // Line write-backs and fills use aligned 8-byte atomic accesses, so a word

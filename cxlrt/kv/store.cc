@@ -11,6 +11,8 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "cxlrt/gpu/gpu.h"
+#include "cxlrt/gpu/memory.h"
 #include "cxlrt/kv/internal/eviction.h"
 #include "cxlrt/kv/internal/store_view.h"
 #include "cxlrt/kv/internal/workers.h"
@@ -565,9 +567,9 @@ absl::Status Store::Put(absl::string_view ns, absl::string_view key, const void*
                         size_t size) {
   CXLRT_RETURN_IF_ERROR(CheckName("key", key, kMaxKeyBytes));
   CXLRT_ASSIGN_OR_RETURN(uint32_t id, NamespaceId(ns, true));
-  if (collectives::KindOf(data) == collectives::MemoryKind::kDevice) {
-    return DeviceBatchPut(id, ns, {PutItem{key, data, size, {}}},
-                          {collectives::MemoryKind::kDevice}, {})[0];
+  if (gpu::KindOf(data) == runtime::MemoryKind::kGpu) {
+    return DeviceBatchPut(id, ns, {PutItem{key, data, size, {}}}, {runtime::MemoryKind::kGpu},
+                          {})[0];
   }
   const PutPart part{data, size};
   return PutOne(id, ns, key, {&part, 1});
@@ -780,9 +782,9 @@ absl::StatusOr<size_t> Store::Get(absl::string_view ns, absl::string_view key, v
   CXLRT_RETURN_IF_ERROR(CheckName("key", key, kMaxKeyBytes));
   auto id = NamespaceId(ns, false);
   if (!id.ok()) return id.status();
-  if (collectives::KindOf(dst) == collectives::MemoryKind::kDevice) {
-    return DeviceBatchGet(*id, {GetItem{key, dst, capacity, {}}},
-                          {collectives::MemoryKind::kDevice}, {})[0];
+  if (gpu::KindOf(dst) == runtime::MemoryKind::kGpu) {
+    return DeviceBatchGet(*id, {GetItem{key, dst, capacity, {}}}, {runtime::MemoryKind::kGpu},
+                          {})[0];
   }
   const GetPart part{dst, capacity};
   return GetOne(*id, key, {&part, 1}, /*exact=*/false);
@@ -818,7 +820,7 @@ std::vector<absl::StatusOr<size_t>> Store::BatchGet(absl::string_view ns,
 
 absl::StatusOr<size_t> Store::GetOne(uint32_t ns, absl::string_view key,
                                      absl::Span<const GetPart> parts, bool exact,
-                                     collectives::DeviceEngine* dev) {
+                                     gpu::DmaEngine* dev) {
   const size_t capacity = TotalOf(parts);
   const uint64_t hash = KeyHash(ns, key);
   // A get that races an eviction sees the seal change and looks again; a
@@ -902,12 +904,12 @@ void Store::CountHit(uint32_t ns, uint32_t partition, uint32_t index, uint64_t g
 // --- GPU memory ---
 
 template <typename Item>
-std::vector<collectives::MemoryKind> Store::ItemKinds(absl::Span<const Item> items,
-                                                      std::optional<collectives::MemoryKind> told,
-                                                      std::vector<absl::Status>* refused) {
-  using collectives::MemoryKind;
-  const bool devices = collectives::DevicesAvailable();
-  if (!devices && told != MemoryKind::kDevice) return {};  // every pointer is host memory
+std::vector<runtime::MemoryKind> Store::ItemKinds(absl::Span<const Item> items,
+                                                  std::optional<runtime::MemoryKind> told,
+                                                  std::vector<absl::Status>* refused) {
+  using runtime::MemoryKind;
+  const bool devices = gpu::GpuAvailable();
+  if (!devices && told != MemoryKind::kGpu) return {};  // every pointer is host memory
   std::vector<MemoryKind> kinds(items.size(), MemoryKind::kHost);
   refused->assign(items.size(), absl::OkStatus());
   bool device_path = false;
@@ -924,28 +926,26 @@ std::vector<collectives::MemoryKind> Store::ItemKinds(absl::Span<const Item> ite
     const size_t n = it.parts.empty() ? 1 : it.parts.size();
     if (told.has_value()) {
       kinds[i] = *told;
-      if (devices && collectives::KindOf(part(0)) != kinds[i]) {
-        (*refused)[i] = absl::InvalidArgumentError(
-            absl::StrCat("key '", Printable(it.key), "' was said to be in ",
-                         kinds[i] == MemoryKind::kDevice ? "GPU" : "host",
-                         " memory, but its first part is not"));
+      if (devices && gpu::KindOf(part(0)) != kinds[i]) {
+        (*refused)[i] = absl::InvalidArgumentError(absl::StrCat(
+            "key '", Printable(it.key), "' was said to be in ",
+            kinds[i] == MemoryKind::kGpu ? "GPU" : "host", " memory, but its first part is not"));
       }
     } else if (devices) {
-      kinds[i] = collectives::KindOf(part(0));
+      kinds[i] = gpu::KindOf(part(0));
       for (size_t j = 1; j < n && (*refused)[i].ok(); ++j) {
-        if (collectives::KindOf(part(j)) != kinds[i]) (*refused)[i] = MixedParts(it.key);
+        if (gpu::KindOf(part(j)) != kinds[i]) (*refused)[i] = MixedParts(it.key);
       }
     }
-    device_path = device_path || kinds[i] == MemoryKind::kDevice || !(*refused)[i].ok();
+    device_path = device_path || kinds[i] == MemoryKind::kGpu || !(*refused)[i].ok();
   }
   if (!device_path) kinds.clear();
   return kinds;
 }
 
-absl::StatusOr<collectives::DeviceEngine*> Store::Device(void* stream) {
+absl::StatusOr<gpu::DmaEngine*> Store::Device(void* stream) {
   if (!device_) {
-    CXLRT_ASSIGN_OR_RETURN(device_,
-                           collectives::MakeDeviceEngine(c_, pool_.backend().base(), pool_.size()));
+    CXLRT_ASSIGN_OR_RETURN(device_, gpu::MakeDmaEngine(c_, pool_.backend().base(), pool_.size()));
   }
   CXLRT_RETURN_IF_ERROR(device_->StartAfter(stream));
   return device_.get();
@@ -967,7 +967,7 @@ template <typename T>
 class CopyGroups {
  public:
   using Done = std::function<void(const std::vector<T>&, const absl::Status&)>;
-  CopyGroups(collectives::DeviceEngine& engine, bool to_pool, Done done)
+  CopyGroups(gpu::DmaEngine& engine, bool to_pool, Done done)
       : engine_(engine), to_pool_(to_pool), done_(std::move(done)) {}
 
   // An item and its copies (its value's parts), all in one group: the item
@@ -990,7 +990,7 @@ class CopyGroups {
     std::vector<T> items;
     Copies copies;
     uint64_t bytes = 0;
-    collectives::CopyEngine::Ticket ticket = 0;
+    gpu::DmaEngine::Ticket ticket = 0;
   };
   void Submit() {
     if (open_.items.empty()) return;
@@ -1008,7 +1008,7 @@ class CopyGroups {
     flying_.pop_front();
   }
 
-  collectives::DeviceEngine& engine_;
+  gpu::DmaEngine& engine_;
   const bool to_pool_;
   const Done done_;
   Group open_;
@@ -1022,7 +1022,7 @@ class CopyGroups {
 // the protocol. Items in host memory are put by the CPU as in BatchPut.
 std::vector<absl::Status> Store::DeviceBatchPut(uint32_t ns, absl::string_view ns_name,
                                                 absl::Span<const PutItem> items,
-                                                const std::vector<collectives::MemoryKind>& kinds,
+                                                const std::vector<runtime::MemoryKind>& kinds,
                                                 const std::vector<absl::Status>& refused,
                                                 void* stream) {
   std::vector<absl::Status> out(items.size());
@@ -1062,7 +1062,7 @@ std::vector<absl::Status> Store::DeviceBatchPut(uint32_t ns, absl::string_view n
     }
     PutPart one;
     const absl::Span<const PutPart> parts = PartsOf(it, &one);
-    if (kinds[i] != collectives::MemoryKind::kDevice) {
+    if (kinds[i] != runtime::MemoryKind::kGpu) {
       out[i] = PutOne(ns, ns_name, it.key, parts);
       continue;
     }
@@ -1087,7 +1087,7 @@ std::vector<absl::Status> Store::DeviceBatchPut(uint32_t ns, absl::string_view n
 // whose entry changed meanwhile (evicted, its block reused), a miss, or an
 // entry being evicted is read on its own, as Get does.
 std::vector<absl::StatusOr<size_t>> Store::DeviceBatchGet(
-    uint32_t ns, absl::Span<const GetItem> items, const std::vector<collectives::MemoryKind>& kinds,
+    uint32_t ns, absl::Span<const GetItem> items, const std::vector<runtime::MemoryKind>& kinds,
     const std::vector<absl::Status>& refused, void* stream) {
   std::vector<absl::StatusOr<size_t>> out(items.size(), absl::UnknownError("not run"));
   std::lock_guard<std::mutex> lock(device_mu_);
@@ -1130,7 +1130,7 @@ std::vector<absl::StatusOr<size_t>> Store::DeviceBatchGet(
     GetPart one;
     const absl::Span<const GetPart> parts = PartsOf(it, &one);
     const bool exact = !it.parts.empty();
-    if (kinds[i] != collectives::MemoryKind::kDevice) {
+    if (kinds[i] != runtime::MemoryKind::kGpu) {
       out[i] = GetOne(ns, it.key, parts, exact);
       continue;
     }

@@ -36,8 +36,9 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "cxlrt/allocator/allocator.h"
-#include "cxlrt/collectives/device.h"
+#include "cxlrt/gpu/dma_engine.h"
 #include "cxlrt/kv/kv_layout.h"
+#include "cxlrt/runtime/memory_kind.h"
 
 namespace cxlrt::kv_internal {
 class EvictionOrder;
@@ -122,7 +123,7 @@ struct BatchOptions {
   // calls). Set, it asks about each item's first buffer only: an item
   // whose first buffer is of another kind is kInvalidArgument, GPU memory
   // where no GPU is usable kUnavailable. The rest are taken to be of it.
-  std::optional<collectives::MemoryKind> memory;
+  std::optional<runtime::MemoryKind> memory;
   // The stream (a cudaStream_t) whose work so far a device batch's copies
   // start after: the producer's, when it wrote the pages on a non-blocking
   // stream, which the legacy default stream (null, the default) does not
@@ -274,7 +275,7 @@ class Store {
   // Copies the value into `parts`, through `dev` when set (they are GPU
   // memory). `exact`: the value must fill the parts (else it must fit).
   absl::StatusOr<size_t> GetOne(uint32_t ns, absl::string_view key, absl::Span<const GetPart> parts,
-                                bool exact, collectives::DeviceEngine* dev = nullptr);
+                                bool exact, gpu::DmaEngine* dev = nullptr);
 
   // GPU memory (docs/gpu.md, "KV blocks"): batches whose buffers are
   // device memory run here, their copies pipelined on the CUDA engine.
@@ -282,26 +283,26 @@ class Store {
   // when no item is device memory and none is refused. `refused` gets an
   // error for an item whose parts mix kinds or are not of the told kind.
   template <typename Item>
-  std::vector<collectives::MemoryKind> ItemKinds(absl::Span<const Item> items,
-                                                 std::optional<collectives::MemoryKind> told,
-                                                 std::vector<absl::Status>* refused);
+  std::vector<runtime::MemoryKind> ItemKinds(absl::Span<const Item> items,
+                                             std::optional<runtime::MemoryKind> told,
+                                             std::vector<absl::Status>* refused);
   // The engine, its copies ordered after `stream`'s work so far (null:
   // the legacy default stream). REQUIRES: device_mu_
-  absl::StatusOr<collectives::DeviceEngine*> Device(void* stream);
+  absl::StatusOr<gpu::DmaEngine*> Device(void* stream);
   std::vector<absl::Status> DeviceBatchPut(uint32_t ns, absl::string_view ns_name,
                                            absl::Span<const PutItem> items,
-                                           const std::vector<collectives::MemoryKind>& kinds,
+                                           const std::vector<runtime::MemoryKind>& kinds,
                                            const std::vector<absl::Status>& refused,
                                            void* stream = nullptr);
-  std::vector<absl::StatusOr<size_t>> DeviceBatchGet(
-      uint32_t ns, absl::Span<const GetItem> items,
-      const std::vector<collectives::MemoryKind>& kinds, const std::vector<absl::Status>& refused,
-      void* stream = nullptr);
+  std::vector<absl::StatusOr<size_t>> DeviceBatchGet(uint32_t ns, absl::Span<const GetItem> items,
+                                                     const std::vector<runtime::MemoryKind>& kinds,
+                                                     const std::vector<absl::Status>& refused,
+                                                     void* stream = nullptr);
   // A hit of (partition, index, gen): counted, and touched when it is ours.
   void CountHit(uint32_t ns, uint32_t partition, uint32_t index, uint64_t gen);
   void Count(std::atomic<uint64_t>* counter, uint32_t ns);
   std::mutex device_mu_;                               // one device batch at a time
-  std::unique_ptr<collectives::DeviceEngine> device_;  // guarded by device_mu_
+  std::unique_ptr<gpu::DmaEngine> device_;             // guarded by device_mu_
 
   // Owner side, REQUIRES mu_: evicts this host's entries (those `eligible`)
   // until `bytes` of values are gone or `count` entries; returns what went.

@@ -100,13 +100,13 @@ class Coherence {
     DoInvalidate(off, n);
   }
 
-  // A device of this host (a GPU) is about to write [off, off+n) by DMA.
+  // A GPU of this host is about to write [off, off+n) by DMA.
   // x86 DMA is coherent with the host's own caches (it updates or drops
   // their lines), so only the simulated domain, whose private cache a DMA
   // cannot see, drops its copies of the lines here.
-  void BeforeDeviceWrite(PoolOffset off, size_t n) {
+  void BeforeGpuWrite(PoolOffset off, size_t n) {
     CheckRange(off, n);
-    DoBeforeDeviceWrite(off, n);
+    DoBeforeGpuWrite(off, n);
   }
 
   // Stores a flag and publishes it. REQUIRES: `flag` 8-byte aligned, one writer.
@@ -244,7 +244,7 @@ class Coherence {
   virtual uint64_t DoLoadFlag(PoolOffset flag) = 0;
   virtual void DoCopyToPool(PoolOffset dst, const void* src, size_t n) = 0;
   virtual void DoCopyFromPool(void* dst, PoolOffset src, size_t n) = 0;
-  virtual void DoBeforeDeviceWrite(PoolOffset, size_t) {}
+  virtual void DoBeforeGpuWrite(PoolOffset, size_t) {}
   virtual void DoCopyFromPoolStreaming(void* dst, PoolOffset src, size_t n) {
     DoCopyFromPool(dst, src, n);
   }

@@ -7,7 +7,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "cxlrt/collectives/device.h"
+#include "cxlrt/gpu/gpu.h"
+#include "cxlrt/gpu/memory.h"
 
 namespace cxlrt::python {
 
@@ -27,11 +28,9 @@ Held::Held(py::handle o, bool writable, absl::string_view call, absl::string_vie
     const auto& d = o.cast<const DeviceSpan&>();
     // An address that is not GPU memory would be read as host memory: a
     // crash, or wrong bytes. Refuse it, saying why.
-    if (d.nbytes > 0 &&
-        collectives::KindOf(reinterpret_cast<void*>(d.ptr)) != collectives::MemoryKind::kDevice) {
-      const std::string why = collectives::DevicesAvailable()
-                                  ? "it is not GPU memory"
-                                  : "no GPU: " + collectives::DevicesUnavailableReason();
+    if (d.nbytes > 0 && gpu::KindOf(reinterpret_cast<void*>(d.ptr)) != runtime::MemoryKind::kGpu) {
+      const std::string why =
+          gpu::GpuAvailable() ? "it is not GPU memory" : "no GPU: " + gpu::GpuUnavailableReason();
       throw StatusError{absl::InvalidArgumentError(
           absl::StrCat(call, ": ", arg, ": DeviceSpan at 0x", absl::Hex(d.ptr), ": ", why))};
     }

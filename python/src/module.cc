@@ -24,7 +24,8 @@
 #include "absl/strings/str_cat.h"
 #include "cxlrt/allocator/allocator.h"
 #include "cxlrt/collectives/communicator.h"
-#include "cxlrt/collectives/device.h"
+#include "cxlrt/gpu/gpu.h"
+#include "cxlrt/gpu/memory.h"
 #include "cxlrt/kv/store.h"
 #include "cxlrt/runtime/coherence.h"
 #include "cxlrt/runtime/membership.h"
@@ -580,8 +581,7 @@ template <typename Item, typename Part, typename Ptr>
 std::vector<Item> PagedItems(const std::vector<std::string>& keys,
                              const std::vector<uint64_t>& blocks,
                              const std::vector<std::tuple<uintptr_t, uint64_t, size_t>>& segments,
-                             std::vector<Part>* parts,
-                             std::optional<collectives::MemoryKind>* memory) {
+                             std::vector<Part>* parts, std::optional<runtime::MemoryKind>* memory) {
   if (keys.size() != blocks.size()) {
     throw StatusError{absl::InvalidArgumentError(absl::StrCat(
         "keys and blocks differ in length (", keys.size(), " and ", blocks.size(), ")"))};
@@ -589,8 +589,8 @@ std::vector<Item> PagedItems(const std::vector<std::string>& keys,
   if (segments.empty()) {
     throw StatusError{absl::InvalidArgumentError("a paged value needs at least one segment")};
   }
-  const auto kind_of = [](uintptr_t p) { return collectives::KindOf(reinterpret_cast<void*>(p)); };
-  const collectives::MemoryKind kind = kind_of(std::get<0>(segments[0]));
+  const auto kind_of = [](uintptr_t p) { return gpu::KindOf(reinterpret_cast<void*>(p)); };
+  const runtime::MemoryKind kind = kind_of(std::get<0>(segments[0]));
   for (size_t j = 1; j < segments.size(); ++j) {
     if (kind_of(std::get<0>(segments[j])) != kind) {
       throw StatusError{absl::InvalidArgumentError(absl::StrCat(
@@ -710,9 +710,9 @@ PYBIND11_MODULE(_cxlrt, m) {
   m.def("dlpack_view", &DlpackView, py::arg("capsule"), py::arg("writable") = false,
         "(DlpackMemory or DeviceSpan, dtype, elements) of a DLPack capsule, which the view "
         "holds unconsumed; `writable` refuses a read-only array (InvalidArgumentError).");
-  m.def("devices_available", &collectives::DevicesAvailable,
+  m.def("devices_available", &gpu::GpuAvailable,
         "Whether this process can use a GPU (a CUDA build, a driver, a device).");
-  m.def("devices_unavailable_reason", &collectives::DevicesUnavailableReason,
+  m.def("devices_unavailable_reason", &gpu::GpuUnavailableReason,
         "Why no GPU can be used (empty when one can).");
 
   auto pool_buffer =

@@ -1,4 +1,4 @@
-// The GPU data path (cxlrt/collectives/device.h, docs/gpu.md) across emulated
+// The GPU data path (cxlrt/gpu/, cxlrt/collectives/gpu_engine.h, docs/gpu.md) across emulated
 // hosts (forked processes, each with its own CUDA context on the one GPU):
 // every collective x type x op on device buffers against the host path
 // (bit-exact), mixed kinds across ranks, stream ordering with no host sync,
@@ -7,6 +7,8 @@
 //
 // The parent never touches CUDA: a child forked after the parent started
 // the CUDA runtime could not use it. Even the skip check runs in a child.
+#include "cxlrt/gpu/gpu.h"
+
 #include <sys/mman.h>
 
 #include <cstring>
@@ -15,14 +17,16 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "bench/gpu_timing.h"
 #include "cxlrt/collectives/communicator.h"
-#include "cxlrt/collectives/device.h"
+#include "cxlrt/gpu/memory.h"
 #include "cxlrt/kv/store.h"
 #include "cxlrt/runtime/fault.h"
 #include "cxlrt/runtime/membership.h"
 #include "cxlrt/runtime/pool.h"
 #include "gtest/gtest.h"
 #include "tests/testing/host_util.h"
+#include "tests/testing/mem_buffer.h"
 #include "tests/testing/test_util.h"
 
 namespace cxlrt {
@@ -44,8 +48,8 @@ std::string NoGpuReason() {
       mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   std::memset(shared, 0, 4096);
   pid_t pid = Spawn([&]() -> int {
-    if (collectives::DevicesAvailable()) return 0;
-    std::snprintf(shared, 4095, "%s", collectives::DevicesUnavailableReason().c_str());
+    if (gpu::GpuAvailable()) return 0;
+    std::snprintf(shared, 4095, "%s", gpu::GpuUnavailableReason().c_str());
     return 1;
   });
   const int rc = WaitExit(pid, absl::Seconds(60));
@@ -66,7 +70,7 @@ std::string NoGpuReason() {
 void FillValues(DataType t, void* buf, size_t count, uint32_t seed) {
   auto* b = static_cast<uint8_t*>(buf);
   for (size_t i = 0; i < count; ++i) {
-    const int v = static_cast<int>(collectives::PatternWord(seed, i) % 7) - 3;
+    const int v = static_cast<int>(::cxlrt::testing::PatternWord(seed, i) % 7) - 3;
     const float f = static_cast<float>(v == 0 ? 1 : v);
     switch (t) {
       case DataType::kInt8:
@@ -241,21 +245,21 @@ std::string RunCases(int r, Communicator& comm, const std::vector<Case>& cases,
     void* ds = send.data();
     void* dr = got.data();
     if (on_device) {
-      auto a = collectives::DeviceAlloc(send.size());
-      auto b = collectives::DeviceAlloc(got.size());
+      auto a = gpu::GpuAlloc(send.size());
+      auto b = gpu::GpuAlloc(got.size());
       if (!a.ok() || !b.ok()) return "DeviceAlloc failed";
       ds = *a;
       dr = *b;
-      if (!collectives::DeviceCopy(ds, send.data(), send.size()).ok() ||
-          !collectives::DeviceCopy(dr, got.data(), got.size()).ok()) {
+      if (!gpu::CopySync(ds, send.data(), send.size()).ok() ||
+          !gpu::CopySync(dr, got.data(), got.size()).ok()) {
         return "DeviceCopy in failed";
       }
     }
     absl::Status s = Call(comm, k, ds, dr);
     if (on_device) {
-      absl::Status back = collectives::DeviceCopy(got.data(), dr, got.size());
-      collectives::DeviceFree(ds);
-      collectives::DeviceFree(dr);
+      absl::Status back = gpu::CopySync(got.data(), dr, got.size());
+      gpu::GpuFree(ds);
+      gpu::GpuFree(dr);
       if (!back.ok()) return back.ToString();
     }
     if (!s.ok()) return absl::StrCat(Describe(k), " on device buffers: ", s.ToString());
@@ -331,13 +335,13 @@ TEST_P(GpuTest, SendAndRecvMoveDeviceBuffersAroundARing) {
       void* recv = in.data();
       const size_t bytes = count * 4;
       if (on_device) {
-        auto a = collectives::DeviceAlloc(bytes);
-        auto b = collectives::DeviceAlloc(bytes);
+        auto a = gpu::GpuAlloc(bytes);
+        auto b = gpu::GpuAlloc(bytes);
         if (!a.ok() || !b.ok()) return "DeviceAlloc failed";
         send = *a;
         recv = *b;
-        if (!collectives::DeviceCopy(send, out.data(), bytes).ok() ||
-            !collectives::DeviceCopy(recv, in.data(), bytes).ok()) {
+        if (!gpu::CopySync(send, out.data(), bytes).ok() ||
+            !gpu::CopySync(recv, in.data(), bytes).ok()) {
           return "DeviceCopy in failed";
         }
       }
@@ -347,9 +351,9 @@ TEST_P(GpuTest, SendAndRecvMoveDeviceBuffersAroundARing) {
                                     : comm.Recv(recv, count, DataType::kUint32, from);
       }
       if (on_device) {
-        absl::Status back = collectives::DeviceCopy(in.data(), recv, bytes);
-        collectives::DeviceFree(send);
-        collectives::DeviceFree(recv);
+        absl::Status back = gpu::CopySync(in.data(), recv, bytes);
+        gpu::GpuFree(send);
+        gpu::GpuFree(recv);
         if (!back.ok()) return back.ToString();
       }
       if (!s.ok()) return absl::StrCat("count ", count, ": ", s.ToString());
@@ -369,21 +373,22 @@ TEST_P(GpuTest, SendAndRecvMoveDeviceBuffersAroundARing) {
 // the call must also return before the input is ready.
 std::string StreamRounds(int r, Communicator& comm, uint32_t delay_us, bool asynchronous) {
   const size_t n = 1 << 20;  // words
-  auto stream = collectives::StreamCreate();
-  auto in = collectives::DeviceAlloc(n * 4);
-  auto out = collectives::DeviceAlloc(n * 4);
-  auto host = collectives::PinnedAlloc(n * 4);
+  auto stream = gpu::StreamCreate();
+  auto in = gpu::GpuAlloc(n * 4);
+  auto out = gpu::GpuAlloc(n * 4);
+  auto host = gpu::PageLockedAlloc(n * 4);
   if (!stream.ok() || !in.ok() || !out.ok() || !host.ok()) return "allocations failed";
   std::vector<uint8_t> zero(n * 4, 0);
-  if (!collectives::DeviceCopy(*in, zero.data(), n * 4).ok()) return "zeroing failed";
+  if (!gpu::CopySync(*in, zero.data(), n * 4).ok()) return "zeroing failed";
   // The first device call registers the pool (tenths of a second): not timed.
   if (absl::Status s = comm.AllReduce(*out, *out, 1, DataType::kUint32, RedOp::kSum, *stream);
-      !s.ok() || !comm.Synchronize().ok() || !collectives::StreamSynchronize(*stream).ok()) {
+      !s.ok() || !comm.Synchronize().ok() || !gpu::StreamSynchronize(*stream).ok()) {
     return "warm-up call: " + s.ToString();
   }
   for (int round = 0; round < 3; ++round) {
     const uint32_t seed = 100 * round + r + 1;
-    if (absl::Status s = collectives::FillPatternAsync(*in, n, seed, delay_us, *stream); !s.ok()) {
+    if (absl::Status s = ::cxlrt::testing::FillPatternAsync(*in, n, seed, delay_us, *stream);
+        !s.ok()) {
       return s.ToString();
     }
     const absl::Time t0 = absl::Now();
@@ -395,14 +400,14 @@ std::string StreamRounds(int r, Communicator& comm, uint32_t delay_us, bool asyn
       return absl::StrCat("an asynchronous call took ", absl::FormatDuration(absl::Now() - t0),
                           " to return: it waited for its input");
     }
-    if (absl::Status s = collectives::CopyAsync(*host, *out, n * 4, *stream); !s.ok()) {
+    if (absl::Status s = gpu::CopyAsync(*host, *out, n * 4, *stream); !s.ok()) {
       return s.ToString();
     }
-    if (absl::Status s = collectives::StreamSynchronize(*stream); !s.ok()) return s.ToString();
+    if (absl::Status s = gpu::StreamSynchronize(*stream); !s.ok()) return s.ToString();
     const auto* got = static_cast<const uint32_t*>(*host);
     for (size_t i = 0; i < n; ++i) {
-      const uint32_t want = collectives::PatternWord(100 * round + 1, i) +
-                            collectives::PatternWord(100 * round + 2, i);
+      const uint32_t want = ::cxlrt::testing::PatternWord(100 * round + 1, i) +
+                            ::cxlrt::testing::PatternWord(100 * round + 2, i);
       if (got[i] != want) {
         return absl::StrCat("round ", round, " word ", i, ": ", got[i], ", want ", want,
                             " (the call did not wait for the stream, or the copy for it)");
@@ -410,10 +415,10 @@ std::string StreamRounds(int r, Communicator& comm, uint32_t delay_us, bool asyn
     }
   }
   if (absl::Status s = comm.Synchronize(); !s.ok()) return "Synchronize: " + s.ToString();
-  collectives::DeviceFree(*in);
-  collectives::DeviceFree(*out);
-  collectives::PinnedFree(*host);
-  collectives::StreamDestroy(*stream);
+  gpu::GpuFree(*in);
+  gpu::GpuFree(*out);
+  gpu::PageLockedFree(*host);
+  gpu::StreamDestroy(*stream);
   return "";
 }
 
@@ -448,14 +453,15 @@ TEST_P(GpuTest, AKvBatchPutStartsAfterItsProducersNonBlockingStream) {
     if (!store.ok()) return store.status().ToString();
     if (r == 0) {
       constexpr size_t kBytes = 1 << 20;
-      auto stream = collectives::StreamCreate();  // non-blocking
+      auto stream = gpu::StreamCreate();  // non-blocking
       if (!stream.ok()) return stream.status().ToString();
-      auto dev = collectives::DeviceAlloc(kBytes);
+      auto dev = gpu::GpuAlloc(kBytes);
       if (!dev.ok()) return dev.status().ToString();
       std::vector<uint8_t> zero(kBytes, 0), back(kBytes);
-      if (!collectives::DeviceCopy(*dev, zero.data(), kBytes).ok()) return "zero";
+      if (!gpu::CopySync(*dev, zero.data(), kBytes).ok()) return "zero";
       // The producer writes the page 200 ms late on its stream.
-      absl::Status filled = collectives::FillPatternAsync(*dev, kBytes / 4, 9, 200000, *stream);
+      absl::Status filled =
+          ::cxlrt::testing::FillPatternAsync(*dev, kBytes / 4, 9, 200000, *stream);
       if (!filled.ok()) return filled.ToString();
       kv::BatchOptions o;
       o.stream = *stream;
@@ -468,14 +474,14 @@ TEST_P(GpuTest, AKvBatchPutStartsAfterItsProducersNonBlockingStream) {
       for (size_t i = 0; i < kBytes / 4; ++i) {
         uint32_t w;
         std::memcpy(&w, back.data() + 4 * i, 4);
-        if (w != collectives::PatternWord(9, i)) {
+        if (w != ::cxlrt::testing::PatternWord(9, i)) {
           return absl::StrCat("word ", i, " of the put page is ", w,
                               ": the put copied it before its producer's stream wrote it");
         }
       }
-      (void)collectives::StreamSynchronize(*stream);
-      collectives::StreamDestroy(*stream);
-      collectives::DeviceFree(*dev);
+      (void)gpu::StreamSynchronize(*stream);
+      gpu::StreamDestroy(*stream);
+      gpu::GpuFree(*dev);
     }
     return comm.Barrier().ToString() == "OK" ? "" : "final barrier";
   });
@@ -495,14 +501,14 @@ TEST_P(GpuTest, KvBlocksPutFromDeviceMemoryAreGotIntoDeviceMemoryByAnotherHost) 
     }
     std::vector<uint8_t> image(total);
     for (size_t i = 0; i < total / 4; ++i) {
-      const uint32_t w = collectives::PatternWord(7, i);
+      const uint32_t w = ::cxlrt::testing::PatternWord(7, i);
       std::memcpy(image.data() + 4 * i, &w, 4);
     }
-    auto dev = collectives::DeviceAlloc(total);
+    auto dev = gpu::GpuAlloc(total);
     if (!dev.ok()) return dev.status().ToString();
     auto* d = static_cast<uint8_t*>(*dev);
     if (r == 0) {
-      if (!collectives::DeviceCopy(d, image.data(), total).ok()) return "copy in";
+      if (!gpu::CopySync(d, image.data(), total).ok()) return "copy in";
       std::vector<kv::PutItem> items;
       for (size_t i = 0, at = 0; i < keys.size(); at += sizes[i % sizes.size()], ++i) {
         items.push_back({keys[i], d + at, sizes[i % sizes.size()], {}});
@@ -517,7 +523,7 @@ TEST_P(GpuTest, KvBlocksPutFromDeviceMemoryAreGotIntoDeviceMemoryByAnotherHost) 
     if (absl::Status s = comm.Barrier(); !s.ok()) return s.ToString();
     if (r == 1) {
       std::vector<uint8_t> zero(total, 0);
-      if (!collectives::DeviceCopy(d, zero.data(), total).ok()) return "zero";
+      if (!gpu::CopySync(d, zero.data(), total).ok()) return "zero";
       std::vector<kv::GetItem> items;
       for (size_t i = 0, at = 0; i < keys.size(); at += sizes[i % sizes.size()], ++i) {
         items.push_back({keys[i], d + at, sizes[i % sizes.size()], {}});
@@ -533,7 +539,7 @@ TEST_P(GpuTest, KvBlocksPutFromDeviceMemoryAreGotIntoDeviceMemoryByAnotherHost) 
         return "missing key: " + got.back().status().ToString();
       }
       std::vector<uint8_t> back(total);
-      if (!collectives::DeviceCopy(back.data(), d, total).ok()) return "copy out";
+      if (!gpu::CopySync(back.data(), d, total).ok()) return "copy out";
       if (back != image) return "the blocks got into device memory differ from those put";
       // Too small a destination: an error naming the size, nothing copied.
       auto small = (*store)->Get("gpu", keys[4], d, 100);
@@ -541,7 +547,7 @@ TEST_P(GpuTest, KvBlocksPutFromDeviceMemoryAreGotIntoDeviceMemoryByAnotherHost) 
         return "small destination: " + small.status().ToString();
       }
     }
-    collectives::DeviceFree(d);
+    gpu::GpuFree(d);
     return comm.Barrier().ToString() == "OK" ? "" : "final barrier";
   });
 }
@@ -559,10 +565,10 @@ TEST_P(GpuTest, PagedKvBlocksInDeviceMemoryAreGatheredAndScattered) {
     const size_t total = kLayers * 2 * kBlocks * kPage;  // [layer][k/v][block][page]
     std::vector<uint8_t> image(total);
     for (size_t i = 0; i < total / 4; ++i) {
-      const uint32_t w = collectives::PatternWord(11, i);
+      const uint32_t w = ::cxlrt::testing::PatternWord(11, i);
       std::memcpy(image.data() + 4 * i, &w, 4);
     }
-    auto dev = collectives::DeviceAlloc(total);
+    auto dev = gpu::GpuAlloc(total);
     if (!dev.ok()) return dev.status().ToString();
     auto* d = static_cast<uint8_t*>(*dev);
     auto page = [&](uint8_t* base, size_t layer, size_t kv, size_t block) {
@@ -571,7 +577,7 @@ TEST_P(GpuTest, PagedKvBlocksInDeviceMemoryAreGatheredAndScattered) {
     std::vector<std::string> keys;
     for (size_t b = 0; b < kStored; ++b) keys.push_back(absl::StrCat("block-", b));
     if (r == 0) {
-      if (!collectives::DeviceCopy(d, image.data(), total).ok()) return "copy in";
+      if (!gpu::CopySync(d, image.data(), total).ok()) return "copy in";
       std::vector<std::vector<kv::PutPart>> parts(kStored);
       std::vector<kv::PutItem> items;
       for (size_t b = 0; b < kStored; ++b) {
@@ -595,7 +601,7 @@ TEST_P(GpuTest, PagedKvBlocksInDeviceMemoryAreGatheredAndScattered) {
     if (absl::Status s = comm.Barrier(); !s.ok()) return s.ToString();
     if (r == 1) {
       std::vector<uint8_t> zero(total, 0);
-      if (!collectives::DeviceCopy(d, zero.data(), total).ok()) return "zero";
+      if (!gpu::CopySync(d, zero.data(), total).ok()) return "zero";
       // Block b goes to block b + 7 here (another server's allocation).
       std::vector<std::vector<kv::GetPart>> parts(kStored);
       std::vector<kv::GetItem> items;
@@ -606,19 +612,19 @@ TEST_P(GpuTest, PagedKvBlocksInDeviceMemoryAreGatheredAndScattered) {
         items.push_back({keys[b], nullptr, 0, parts[b]});
       }
       // Told that the pages are GPU memory: no query per page.
-      auto got = (*store)->BatchGet("paged", items, {.memory = collectives::MemoryKind::kDevice});
+      auto got = (*store)->BatchGet("paged", items, {.memory = runtime::MemoryKind::kGpu});
       for (size_t b = 0; b < kStored; ++b) {
         if (!got[b].ok())
           return absl::StrCat("BatchGet ", keys[b], ": ", got[b].status().ToString());
       }
       // Told wrong: refused before anything is copied.
       auto lie = (*store)->BatchGet("paged", absl::MakeConstSpan(items.data(), 1),
-                                    {.memory = collectives::MemoryKind::kHost});
+                                    {.memory = runtime::MemoryKind::kHost});
       if (lie[0].status().code() != absl::StatusCode::kInvalidArgument) {
         return "pages said to be host memory: " + lie[0].status().ToString();
       }
       std::vector<uint8_t> back(total);
-      if (!collectives::DeviceCopy(back.data(), d, total).ok()) return "copy out";
+      if (!gpu::CopySync(back.data(), d, total).ok()) return "copy out";
       for (size_t l = 0; l < kLayers; ++l) {
         for (size_t kv = 0; kv < 2; ++kv) {
           for (size_t b = 0; b < kBlocks; ++b) {
@@ -631,7 +637,7 @@ TEST_P(GpuTest, PagedKvBlocksInDeviceMemoryAreGatheredAndScattered) {
         }
       }
     }
-    collectives::DeviceFree(d);
+    gpu::GpuFree(d);
     return comm.Barrier().ToString() == "OK" ? "" : "final barrier";
   });
 }
@@ -644,8 +650,8 @@ TEST_P(GpuTest, ARankKilledMidTransferAbortsTheOthersNamingIt) {
       3,
       [](int r, Communicator& comm, allocator::Allocator&) -> std::string {
         const size_t n = 16 << 20;
-        auto a = collectives::DeviceAlloc(n * 4);
-        auto b = collectives::DeviceAlloc(n * 4);
+        auto a = gpu::GpuAlloc(n * 4);
+        auto b = gpu::GpuAlloc(n * 4);
         if (!a.ok() || !b.ok()) return "DeviceAlloc";
         if (r == 2) {
           absl::Status armed = runtime::ArmFaults("coll.round.posted:crash:40");
@@ -671,7 +677,7 @@ TEST_P(GpuTest, ARankKilledMidTransferAbortsTheOthersNamingIt) {
 // Runs `body` in a child attached to a fresh pool, with a device engine
 // over it; the child's error, or "".
 std::string InChildWithEngine(
-    const std::function<std::string(allocator::Allocator&, collectives::DeviceEngine&)>& body) {
+    const std::function<std::string(allocator::Allocator&, collectives::GpuCopyEngine&)>& body) {
   ::cxlrt::testing::TempDir dir;
   const std::string create = ::cxlrt::testing::PoolUri(dir, "", "256M");
   if (auto p = runtime::Pool::Create(create); !p.ok()) return p.status().ToString();
@@ -686,7 +692,7 @@ std::string InChildWithEngine(
     } else {
       runtime::Pool& pool = h->alloc->pool();
       auto engine =
-          collectives::MakeDeviceEngine(pool.coherence(), pool.backend().base(), pool.size());
+          collectives::MakeGpuCopyEngine(pool.coherence(), pool.backend().base(), pool.size());
       e = engine.ok() ? body(*h->alloc, **engine) : engine.status().ToString();
     }
     std::snprintf(err, 4095, "%s", e.c_str());
@@ -705,7 +711,7 @@ std::string InChildWithEngine(
 TEST(GpuReduceTest, ReductionsOfManySourcesMatchTheCpuKernels) {
   SKIP_WITHOUT_GPU();
   const std::string err = InChildWithEngine([](allocator::Allocator& alloc,
-                                               collectives::DeviceEngine& e) -> std::string {
+                                               collectives::GpuCopyEngine& e) -> std::string {
     constexpr size_t kCount = 4099;  // not a multiple of the vector width
     uint8_t* base = alloc.pool().backend().base();
     for (int n : {3, 33, 100}) {
@@ -726,23 +732,23 @@ TEST(GpuReduceTest, ReductionsOfManySourcesMatchTheCpuKernels) {
             at = base + *off;
             std::memcpy(at, host[i].data(), bytes);
           } else {
-            auto d = collectives::DeviceAlloc(bytes);
+            auto d = gpu::GpuAlloc(bytes);
             if (!d.ok()) return d.status().ToString();
             owned.push_back(*d);
             at = *d;
-            if (!collectives::DeviceCopy(at, host[i].data(), bytes).ok()) return "copy in";
+            if (!gpu::CopySync(at, host[i].data(), bytes).ok()) return "copy in";
           }
           dev_srcs.push_back(at);
         }
         std::vector<uint8_t> want(bytes), got(bytes);
         collectives::Reduce(type, op, want.data(), host_srcs.data(), n, kCount, n);
-        auto out = collectives::DeviceAlloc(bytes);
+        auto out = gpu::GpuAlloc(bytes);
         if (!out.ok()) return out.status().ToString();
         owned.push_back(*out);
         absl::Status st = e.Wait(e.Reduce(type, op, *out, dev_srcs.data(), n, kCount, n),
                                  absl::Now() + absl::Seconds(30));
-        if (st.ok()) st = collectives::DeviceCopy(got.data(), *out, bytes);
-        for (void* p : owned) collectives::DeviceFree(p);
+        if (st.ok()) st = gpu::CopySync(got.data(), *out, bytes);
+        for (void* p : owned) gpu::GpuFree(p);
         if (!st.ok()) return absl::StrCat(n, " sources: ", st.ToString());
         if (got != want) {
           return absl::StrCat(n, " sources of ", collectives::DataTypeName(type),
@@ -755,26 +761,25 @@ TEST(GpuReduceTest, ReductionsOfManySourcesMatchTheCpuKernels) {
   EXPECT_EQ(err, "");
 }
 
-// Every way of ringing a doorbell (collectives::Doorbell) carries the
+// Every way of ringing a doorbell (bench::Doorbell) carries the
 // bytes: a ping-pong through the pool gets the last round's bytes back
 // exactly, at one word and at a page. Only the stream memory operations may
 // be missing from a driver, and then say so.
 TEST(GpuDoorbellTest, EveryDoorbellDeliversTheBytesBehindIt) {
   SKIP_WITHOUT_GPU();
-  const std::string err =
-      InChildWithEngine([](allocator::Allocator& alloc, collectives::DeviceEngine&) -> std::string {
+  const std::string err = InChildWithEngine(
+      [](allocator::Allocator& alloc, collectives::GpuCopyEngine&) -> std::string {
         uint8_t* base = alloc.pool().backend().base();
         auto a = alloc.Allocate(1 << 20, {.alignment = 4096});
         auto b = alloc.Allocate(1 << 20, {.alignment = 4096});
         auto f = alloc.Allocate(4096, {.alignment = 4096});
         if (!a.ok() || !b.ok() || !f.ok()) return "pool buffers";
         auto* flag_a = reinterpret_cast<uint64_t*>(base + *f);
-        for (collectives::Doorbell d : collectives::kDoorbells) {
+        for (bench::Doorbell d : bench::kDoorbells) {
           for (size_t n : {size_t{8}, size_t{4096}, size_t{1} << 20}) {
-            auto t =
-                collectives::TimePingPong(d, base + *a, base + *b, flag_a, flag_a + 32, n, 7, 2);
-            const std::string what = absl::StrCat(collectives::DoorbellName(d), " at ", n, ": ");
-            if (!t.ok() && !(d == collectives::Doorbell::kMemop &&
+            auto t = bench::TimePingPong(d, base + *a, base + *b, flag_a, flag_a + 32, n, 7, 2);
+            const std::string what = absl::StrCat(bench::DoorbellName(d), " at ", n, ": ");
+            if (!t.ok() && !(d == bench::Doorbell::kMemop &&
                              t.status().code() == absl::StatusCode::kUnavailable)) {
               return what + t.status().ToString();
             }

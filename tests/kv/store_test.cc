@@ -13,7 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "cxlrt/allocator/allocator.h"
-#include "cxlrt/collectives/device.h"
+#include "cxlrt/gpu/gpu.h"
 #include "cxlrt/kv/internal/eviction.h"
 #include "cxlrt/kv/internal/store_view.h"
 #include "cxlrt/runtime/membership.h"
@@ -255,8 +255,8 @@ TEST_P(StoreTest, ValuesInPartsAreGatheredAndScattered) {
 // one when it is not (kInvalidArgument). Nothing is stored or copied.
 TEST_P(StoreTest, ABatchToldItsMemoryKindIsTakenAtItsWordOrRefused) {
   const std::vector<uint8_t> v = Value("told", 5000);
-  const BatchOptions host{.memory = collectives::MemoryKind::kHost};
-  const BatchOptions gpu{.memory = collectives::MemoryKind::kDevice};
+  const BatchOptions host{.memory = runtime::MemoryKind::kHost};
+  const BatchOptions gpu{.memory = runtime::MemoryKind::kGpu};
   std::vector<PutItem> puts = {{"told-host", v.data(), v.size(), {}}};
   auto put = a_.store->BatchPut("kinds", puts, host);
   CXLRT_ASSERT_OK(put[0]);
@@ -266,9 +266,9 @@ TEST_P(StoreTest, ABatchToldItsMemoryKindIsTakenAtItsWordOrRefused) {
   ASSERT_TRUE(res[0].ok()) << res[0].status();
   EXPECT_EQ(got, v);
 
-  const auto wrong = collectives::DevicesAvailable() ? absl::StatusCode::kInvalidArgument
-                                                     : absl::StatusCode::kUnavailable;
-  const std::string why = collectives::DevicesAvailable() ? "said to be in GPU memory" : "";
+  const auto wrong = ::cxlrt::gpu::GpuAvailable() ? absl::StatusCode::kInvalidArgument
+                                                  : absl::StatusCode::kUnavailable;
+  const std::string why = ::cxlrt::gpu::GpuAvailable() ? "said to be in GPU memory" : "";
   puts = {{"told-gpu", v.data(), v.size(), {}}};
   put = a_.store->BatchPut("kinds", puts, gpu);
   CXLRT_EXPECT_ERROR(put[0], wrong, why);

@@ -1,11 +1,14 @@
-// TimePingPong (cxlrt/collectives/device.h): the four ways of ringing and hearing
-// a doorbell in the pool, timed as a ping-pong between two streams of one
-// process. docs/gpu.md, "Doorbells", reads the results.
+// bench/gpu_timing.h with CUDA: copies timed by GPU events, and the four
+// ways of ringing and hearing a doorbell in the pool, timed as a ping-pong
+// between two streams of one process. docs/gpu.md, "Doorbells", reads the
+// results.
 //
 // One process plays both sides so that the GPU-only modes (kernel, memop)
 // can be enqueued whole before they run; the bytes and flags still go
 // through the registered pool as between hosts. Side A's stream is `a`,
 // side B's is `b`; flag_a is A's doorbell (B listens), flag_b is B's.
+#include "bench/gpu_timing.h"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -15,13 +18,23 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "cxlrt/collectives/cuda/driver.h"
-#include "cxlrt/collectives/cuda/kernels.h"
-#include "cxlrt/collectives/device.h"
+#include "cxlrt/gpu/cuda/driver.h"
+#include "cxlrt/gpu/cuda/kernels.h"
+#include "cxlrt/gpu/gpu.h"
 #include "cxlrt/runtime/status_macros.h"
 
-namespace cxlrt::collectives {
+namespace cxlrt::bench {
 namespace {
+
+namespace cuda = gpu::cuda;
+
+// Word i of pattern `seed`: the two patterns a ping-pong's rounds alternate.
+uint32_t PatternWord(uint32_t seed, uint64_t i) {
+  uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ (uint64_t{seed} << 32 | seed);
+  x ^= x >> 29;
+  x *= 0xBF58476D1CE4E5B9ull;
+  return static_cast<uint32_t>(x >> 32);
+}
 
 absl::Status Check(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return absl::OkStatus();
@@ -187,9 +200,7 @@ absl::StatusOr<double> Run(Doorbell how, PingPong& p, uint8_t* pool_a, uint8_t* 
 absl::StatusOr<PingPongTimes> TimePingPong(Doorbell how, uint8_t* pool_a, uint8_t* pool_b,
                                            uint64_t* flag_a, uint64_t* flag_b, size_t n, int rounds,
                                            int reps) {
-  if (!DevicesAvailable()) {
-    return absl::UnavailableError(absl::StrCat("no GPU: ", DevicesUnavailableReason()));
-  }
+  if (!gpu::GpuAvailable()) return cuda::NoGpu();
   if (n == 0 || n % 8 != 0 || rounds < 1 || reps < 1) {
     return absl::InvalidArgumentError(absl::StrCat("ping-pong of ", n, " bytes, ", rounds,
                                                    " rounds, ", reps,
@@ -223,11 +234,12 @@ absl::StatusOr<PingPongTimes> TimePingPong(Doorbell how, uint8_t* pool_a, uint8_
   p.dev_flag_a = static_cast<uint64_t*>(dev);
   CXLRT_RETURN_IF_ERROR(Check(cudaHostGetDevicePointer(&dev, flag_b, 0), "flag B's address"));
   p.dev_flag_b = static_cast<uint64_t*>(dev);
+  std::vector<uint32_t> pattern(n / 4);
   for (int k = 0; k < 2; ++k) {
-    CXLRT_RETURN_IF_ERROR(Check(
-        cuda::LaunchFillPattern(static_cast<uint32_t*>(p.src[k]), n / 4, k + 1, 0, p.a), "fill"));
+    for (size_t w = 0; w < pattern.size(); ++w) pattern[w] = PatternWord(k + 1, w);
+    CXLRT_RETURN_IF_ERROR(
+        Check(cudaMemcpy(p.src[k], pattern.data(), n, cudaMemcpyHostToDevice), "fill"));
   }
-  CXLRT_RETURN_IF_ERROR(Check(cudaStreamSynchronize(p.a), "fill"));
 
   PingPongTimes out;
   std::vector<double> hops;
@@ -252,4 +264,49 @@ absl::StatusOr<PingPongTimes> TimePingPong(Doorbell how, uint8_t* pool_a, uint8_
   return out;
 }
 
-}  // namespace cxlrt::collectives
+absl::StatusOr<double> TimeCopies(void* dst, const void* src, size_t n, int iters,
+                                  void* reverse_dst, const void* reverse_src) {
+  if (!gpu::GpuAvailable()) return gpu::cuda::NoGpu();
+  const bool both = reverse_dst != nullptr && reverse_src != nullptr;
+  cudaStream_t s[2] = {};
+  cudaEvent_t start[2] = {}, stop[2] = {};
+  auto cleanup = [&] {
+    for (int i = 0; i < 2; ++i) {
+      if (s[i]) (void)cudaStreamDestroy(s[i]);
+      if (start[i]) (void)cudaEventDestroy(start[i]);
+      if (stop[i]) (void)cudaEventDestroy(stop[i]);
+    }
+  };
+  std::vector<double> times;
+  cudaError_t e = cudaSuccess;
+  for (int i = 0; i < 2 && e == cudaSuccess; ++i) {
+    if ((e = cudaStreamCreateWithFlags(&s[i], cudaStreamNonBlocking)) != cudaSuccess) break;
+    if ((e = cudaEventCreate(&start[i])) != cudaSuccess) break;
+    e = cudaEventCreate(&stop[i]);
+  }
+  for (int it = -1; it < iters && e == cudaSuccess; ++it) {  // it -1: warm-up
+    for (int i = 0; i < (both ? 2 : 1) && e == cudaSuccess; ++i) {
+      e = cudaEventRecord(start[i], s[i]);
+      if (e == cudaSuccess) {
+        e = i == 0 ? cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s[0])
+                   : cudaMemcpyAsync(reverse_dst, reverse_src, n, cudaMemcpyDefault, s[1]);
+      }
+      if (e == cudaSuccess) e = cudaEventRecord(stop[i], s[i]);
+    }
+    float ms[2] = {0, 0};
+    for (int i = 0; i < (both ? 2 : 1) && e == cudaSuccess; ++i) {
+      e = cudaEventSynchronize(stop[i]);
+      if (e == cudaSuccess) e = cudaEventElapsedTime(&ms[i], start[i], stop[i]);
+    }
+    if (it >= 0) times.push_back(std::max(ms[0], ms[1]) / 1e3);
+  }
+  cleanup();
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return cuda::Failed("timing copies", e);
+  }
+  std::sort(times.begin(), times.end());
+  return times.empty() ? 0.0 : times[times.size() / 2];
+}
+
+}  // namespace cxlrt::bench
