@@ -16,10 +16,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "cxlrt/collectives/cuda/cuda_knobs.h"
 #include "cxlrt/collectives/cuda/driver.h"
 #include "cxlrt/collectives/cuda/kernels.h"
 #include "cxlrt/collectives/device.h"
-#include "cxlrt/runtime/config.h"
 #include "cxlrt/runtime/log.h"
 
 namespace cxlrt::collectives {
@@ -585,11 +585,11 @@ class CudaEngine final : public DeviceEngine {
   Ticket next_ = 0;
   Region regions_[kRegions];
   uint64_t next_region_ = 0;
-  const bool staged_reduce_ = runtime::GetConfig().cuda_reduce == "staged";
+  const bool staged_reduce_ = kCudaReduce.Get() == "staged";
   bool batch_api_ = true;  // cudaMemcpyBatchAsync works here
   // CXLRT_CUDA_KV_COPY=kernel: KV batches copied by SMs through the mapped
   // pool instead of the copy engine (docs/gpu.md).
-  const bool kernel_batches_ = runtime::GetConfig().cuda_kv_copy == "kernel";
+  const bool kernel_batches_ = kCudaKvCopy.Get() == "kernel";
   // Asynchronous calls: marks on callers' streams, and the done word.
   static constexpr uint64_t kMarks = 256;
   std::mutex mark_mu_;
@@ -603,7 +603,7 @@ class CudaEngine final : public DeviceEngine {
   bool EventReused(Ticket t) const { return t + kEvents <= next_; }
   // CXLRT_CUDA_DOORBELL=copy: post lines written by the copy engine, from
   // a pinned ring of their images.
-  const bool copy_doorbells_ = runtime::GetConfig().cuda_doorbell == "copy";
+  const bool copy_doorbells_ = kCudaDoorbell.Get() == "copy";
   static constexpr size_t kLineImages = 64, kLineImageBytes = 128;
   uint8_t* line_images_ = nullptr;
   absl::Status error_;  // the first error: the engine is unusable after it
