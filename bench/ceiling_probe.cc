@@ -14,7 +14,6 @@
 #include "bench/harness.h"
 #include "cxlrt/collectives/types.h"
 #include "cxlrt/runtime/coherence.h"
-#include "cxlrt/runtime/config.h"
 #include "cxlrt/runtime/pinning.h"
 #include "nlohmann/json.hpp"
 
@@ -121,7 +120,7 @@ int RunCeilingProbe(const CeilingOptions& o) {
     if (b == o.max_bytes) break;
   }
   const CopyLimits limits = MeasureCopyLimits(64 << 20, 5);
-  auto pins = runtime::PlanPinning(kRanks, runtime::GetConfig().pin);
+  auto pins = runtime::PlanPinning(kRanks, runtime::PinSetting());
   if (!pins.ok()) {
     std::fprintf(stderr, "cxlrt bench ceiling: %s\n", pins.status().ToString().c_str());
     return 1;

@@ -13,10 +13,10 @@
 #include "absl/strings/str_format.h"
 #include "bench/harness.h"
 #include "cxlrt/allocator/allocator.h"
+#include "cxlrt/collectives/comm_knobs.h"
 #include "cxlrt/collectives/communicator.h"
 #include "cxlrt/gpu/gpu.h"
 #include "cxlrt/gpu/memory.h"
-#include "cxlrt/runtime/config.h"
 #include "cxlrt/runtime/membership.h"
 #include "cxlrt/runtime/pinning.h"
 #include "cxlrt/runtime/pool.h"
@@ -549,7 +549,7 @@ int RunCollBench(const CollBenchOptions& o) {
     const char* core = std::getenv("CXLRT_PINNED_CORE");
     limits.pinning = core ? absl::StrCat("by the launcher: rank ", env->rank, " on core ", core)
                           : "by the launcher, or none";
-    std::string uri = o.pool.empty() ? runtime::GetConfig().pool : o.pool;
+    std::string uri = o.pool.empty() ? runtime::DefaultPoolUri() : o.pool;
     if (env->rank == 0) {
       (void)runtime::Pool::Create(uri);  // kAlreadyExists is fine: a launcher made it
     }
@@ -562,9 +562,8 @@ int RunCollBench(const CollBenchOptions& o) {
   // Our own ranks, as emulated hosts of a pool made for the run.
   // A rank's data slots (4 MiB each where a GPU is and none was set), its
   // lines and buffers, and its in-pool buffers.
-  const runtime::Config& config = runtime::GetConfig();
-  const uint64_t slots =
-      uint64_t{config.comm_depth} * std::max<uint64_t>(config.comm_slot_bytes, 4 << 20);
+  const uint64_t slots = uint64_t{collectives::kCommDepth.Get()} *
+                         std::max<uint64_t>(collectives::kCommSlotBytes.Get(), 4 << 20);
   const uint64_t per_rank = (4ull << 20) + slots + (o.in_pool ? 2 * (o.max_bytes + (1 << 20)) : 0);
   const std::string uri = o.pool.empty() ? absl::StrCat("emu://bench-coll-", getpid()) : o.pool;
   auto scratch = ScratchPool::Create(uri, (128ull << 20) + o.ranks * per_rank);
@@ -572,7 +571,7 @@ int RunCollBench(const CollBenchOptions& o) {
     std::fprintf(stderr, "cxlrt bench: %s\n", scratch.status().ToString().c_str());
     return 1;
   }
-  auto pins = runtime::PlanPinning(o.ranks, runtime::GetConfig().pin);
+  auto pins = runtime::PlanPinning(o.ranks, runtime::PinSetting());
   if (!pins.ok()) {
     std::fprintf(stderr, "cxlrt bench: %s\n", pins.status().ToString().c_str());
     return 1;

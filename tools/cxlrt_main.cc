@@ -12,8 +12,9 @@
 #include "bench/dma_bench.h"
 #include "bench/kv_bench.h"
 #include "bench/pool_bench.h"
-#include "cxlrt/runtime/config.h"
+#include "cxlrt/runtime/knobs.h"
 #include "cxlrt/runtime/log.h"
+#include "cxlrt/runtime/pool.h"
 #include "cxlrt/runtime/units.h"
 #include "tools/commands.h"
 
@@ -33,7 +34,7 @@ int main(int argc, char** argv) {
   bool verbose = false;
   app.add_flag("-v,--verbose", verbose, "Log what the runtime does (info level)");
 
-  const std::string default_pool = runtime::GetConfig().pool;
+  const std::string default_pool = runtime::DefaultPoolUri();
   std::string uri = default_pool;
   bool json = false, force = false;
   int slot = -1;

@@ -1,17 +1,19 @@
-// `cxlrt doctor`: what this machine offers a pool, and what cxlrt will use.
+// `cxlrt doctor`: what this machine offers a pool, what cxlrt will use, and
+// every knob (CXLRT_* variable) with its value and where it came from.
 #include <dlfcn.h>
 #include <numa.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cxlrt/gpu/gpu.h"
-#include "cxlrt/runtime/config.h"
 #include "cxlrt/runtime/cpu_features.h"
+#include "cxlrt/runtime/knobs.h"
 #include "cxlrt/runtime/pool.h"
 #include "cxlrt/runtime/topology.h"
 #include "cxlrt/runtime/units.h"
@@ -133,7 +135,7 @@ int Doctor(bool as_json) {
   // The kernels' vector level: what cpuid and xgetbv allow, what
   // CXLRT_CPU_LEVEL asked for, and what runs.
   const runtime::CpuLevel level = runtime::ActiveCpuLevel();
-  const auto& requested = runtime::GetConfig().cpu_level;
+  const std::optional<runtime::CpuLevel> requested = runtime::RequestedCpuLevel();
   const std::string above =
       cpu.max_level == runtime::CpuLevel::kAvx512
           ? ""
@@ -189,11 +191,18 @@ int Doctor(bool as_json) {
     j["cxl_present"] = have_cxl;
     j["verdict"] = verdict;
     json config = json::object();
-    for (const auto& v : runtime::ConfigTable()) {
-      const char* set = std::getenv(v.name);
-      config[v.name] = set ? set : v.default_value;
+    json knobs = json::array();
+    for (const runtime::KnobBase* k : runtime::Knobs()) {
+      config[k->name()] = k->ValueText();
+      knobs.push_back({{"name", k->name()},
+                       {"value", k->ValueText()},
+                       {"default", k->info().default_text},
+                       {"source", runtime::KnobSourceName(k->source())},
+                       {"error", k->status().ok() ? "" : std::string(k->status().message())},
+                       {"help", k->info().help}});
     }
-    j["config"] = config;
+    j["config"] = config;  // name: value in effect
+    j["knobs"] = knobs;
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -236,6 +245,15 @@ int Doctor(bool as_json) {
               cuda.toolkit.empty() ? "not found" : cuda.toolkit.c_str(), cuda.note.c_str());
   std::printf("gpu path     %s%s", gpu.c_str(), gpu.empty() || gpu.back() != '\n' ? "\n" : "");
   std::printf("pool         %s\n", verdict.c_str());
+  // Every knob: the value in effect and whether the environment set it.
+  const char* label = "knobs";
+  for (const runtime::KnobBase* k : runtime::Knobs()) {
+    const std::string value = k->ValueText();
+    std::printf("%-12s %s=%s (%s%s)\n", label, k->name(), value.empty() ? "\"\"" : value.c_str(),
+                runtime::KnobSourceName(k->source()),
+                k->status().ok() ? "" : ", refused: the default holds");
+    label = "";
+  }
   return 0;
 }
 

@@ -20,7 +20,6 @@
 #include "cxlrt/collectives/communicator.h"
 #include "cxlrt/kv/store.h"
 #include "cxlrt/runtime/checksum.h"
-#include "cxlrt/runtime/config.h"
 #include "cxlrt/runtime/membership.h"
 #include "cxlrt/runtime/pool.h"
 #include "cxlrt/runtime/status_macros.h"
@@ -195,7 +194,7 @@ int KvGet(const std::string& uri, const std::string& ns, const std::string& key,
 int KvHandoff(uint64_t block_bytes, int blocks, double timeout_s) {
   auto env = collectives::RankFromEnvironment();
   if (!env.ok()) return Fail(env.status());
-  const std::string uri = runtime::GetConfig().pool;
+  const std::string uri = runtime::DefaultPoolUri();
   auto h = OpenKvHost(uri, /*create=*/true);
   if (!h.ok()) return Fail(h.status());
   const std::string ns = "demo/llama-8b/bf16/tenant-0";

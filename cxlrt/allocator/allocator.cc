@@ -11,6 +11,7 @@
 #include "cxlrt/allocator/size_classes.h"
 #include "cxlrt/runtime/fault.h"
 #include "cxlrt/runtime/log.h"
+#include "cxlrt/runtime/metrics.h"
 #include "cxlrt/runtime/status_macros.h"
 
 namespace cxlrt::allocator {
@@ -28,6 +29,19 @@ using allocator_internal::ThreadCacheRegistry;
 namespace {
 
 std::atomic<uint64_t> next_allocator_id{1};
+
+// Off the cached paths only, so that a cached Allocate / Free costs no more
+// than it did; the cached calls are the thread caches' business.
+runtime::Counter g_cache_refills({"allocator.cache_refills", "calls",
+                                  "Thread cache bins refilled from this process's arenas."});
+runtime::Counter g_cache_returns({"allocator.cache_returns", "calls",
+                                  "Half of a full thread cache bin given back to its arena."});
+runtime::Counter g_slow_allocations(
+    {"allocator.slow_allocations", "calls",
+     "Allocate calls past the thread cache (large, aligned, durable or placed blocks)."});
+runtime::Counter g_slow_frees(
+    {"allocator.slow_frees", "calls",
+     "Free calls past the thread cache (remote, large, durable or uncached blocks)."});
 
 // The calling thread's cache of the allocator it used last: one compare on
 // the fast paths.
@@ -190,6 +204,7 @@ absl::StatusOr<PoolOffset> Allocator::Allocate(uint64_t size, const AllocOptions
 }
 
 absl::StatusOr<PoolOffset> Allocator::RefillAndTake(ThreadCache& tc, uint32_t cls) {
+  g_cache_refills.Add();
   LockForBatch();
   std::lock_guard<std::mutex> lock(mu_, std::adopt_lock);
   CXLRT_RETURN_IF_ERROR(RefillBin(tc, cls));
@@ -197,6 +212,7 @@ absl::StatusOr<PoolOffset> Allocator::RefillAndTake(ThreadCache& tc, uint32_t cl
 }
 
 absl::StatusOr<PoolOffset> Allocator::AllocateSlow(uint64_t size, const AllocOptions& options) {
+  g_slow_allocations.Add();
   if (size == 0) return absl::InvalidArgumentError("cannot allocate 0 bytes");
   uint64_t alignment = std::max<uint64_t>(options.alignment, 64);
   if ((alignment & (alignment - 1)) != 0) {
@@ -315,6 +331,7 @@ absl::Status Allocator::Free(PoolOffset offset) {
 }
 
 void Allocator::ReturnHalf(ThreadCache& tc, uint32_t cls) {
+  g_cache_returns.Add();
   LockForBatch();
   std::lock_guard<std::mutex> lock(mu_, std::adopt_lock);
   ReturnBlocks(tc, cls, tc.bins[cls].count.load(std::memory_order_relaxed) / 2);
@@ -322,6 +339,7 @@ void Allocator::ReturnHalf(ThreadCache& tc, uint32_t cls) {
 
 absl::Status Allocator::FreeSlow(PoolOffset offset, const std::atomic<uint8_t>* state,
                                  uint32_t cls) {
+  g_slow_frees.Add();
   if (state != nullptr &&
       state->load(std::memory_order_relaxed) == static_cast<uint8_t>(BlockState::kThreadCache)) {
     return absl::FailedPreconditionError(absl::StrCat("double free: the block at 0x",

@@ -9,11 +9,11 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "cxlrt/collectives/comm_knobs.h"
 #include "cxlrt/collectives/stream_proxy.h"
 #include "cxlrt/gpu/gpu.h"
 #include "cxlrt/gpu/memory.h"
 #include "cxlrt/runtime/checksum.h"
-#include "cxlrt/runtime/config.h"
 #include "cxlrt/runtime/fault.h"
 #include "cxlrt/runtime/log.h"
 #include "cxlrt/runtime/membership.h"
@@ -157,25 +157,20 @@ Communicator::Communicator(allocator::Allocator& alloc, std::string name, int nr
       name_(std::move(name)),
       nranks_(nranks),
       rank_(rank),
-      options_(options) {
-  const runtime::Config& cfg = runtime::GetConfig();
-  if (options_.timeout <= absl::ZeroDuration()) {
-    options_.timeout = absl::Milliseconds(cfg.comm_timeout_ms);
+      options_{.timeout = options.timeout.value_or(absl::Milliseconds(kCommTimeoutMs.Get())),
+               .slot_bytes = options.slot_bytes.value_or(kCommSlotBytes.Get()),
+               .depth = options.depth.value_or(kCommDepth.Get()),
+               .chunk_bytes = options.chunk_bytes.value_or(kCommChunkBytes.Get()),
+               .p2p_bytes = options.p2p_bytes.value_or(kCommP2pBytes.Get()),
+               .oneshot_max = options.oneshot_max.value_or(kAllreduceOneshotMax.Get()),
+               .engine = options.engine,
+               .asynchronous = options.asynchronous} {
+  // Slots set nowhere: on a machine with a GPU, those that make ChunkBytes
+  // cut GPU-sized chunks (rank 0's choice holds for every rank).
+  if (!options.slot_bytes && !kCommSlotBytes.IsSet() && gpu::GpuAvailable()) {
+    options_.slot_bytes = algorithms::kDeviceSlotBytes;
   }
-  if (options_.slot_bytes == 0) {
-    // Unset: CXLRT_COMM_SLOT_BYTES, else 1 MiB, or on a machine with a GPU
-    // the slots that make ChunkBytes cut GPU-sized chunks (rank 0's choice
-    // holds for every rank).
-    options_.slot_bytes = cfg.comm_slot_bytes;
-    if (!cfg.comm_slot_bytes_set && gpu::GpuAvailable()) {
-      options_.slot_bytes = algorithms::kDeviceSlotBytes;
-    }
-  }
-  if (options_.p2p_bytes == 0) options_.p2p_bytes = cfg.comm_p2p_bytes;
   if (options_.p2p_bytes == 0) options_.p2p_bytes = DefaultP2pBytes(pool_.size(), nranks);
-  if (options_.oneshot_max == 0) options_.oneshot_max = cfg.allreduce_oneshot_max;
-  if (options_.depth == 0) options_.depth = cfg.comm_depth;
-  if (options_.chunk_bytes == 0) options_.chunk_bytes = cfg.comm_chunk_bytes;
   options_.slot_bytes = RoundUp(options_.slot_bytes, 64);
   options_.p2p_bytes = RoundUp(options_.p2p_bytes, kP2pAlign);
   watch_ = std::make_unique<PeerWatch>(*this);
@@ -204,6 +199,11 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(allocator::Al
     CXLRT_ASSIGN_OR_RETURN(RankInfo info, RankFromEnvironment());
     nranks = info.nranks;
     rank = info.rank;
+  }
+  if (options.timeout && *options.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("communicator ", name, ": timeout ",
+                                                   absl::FormatDuration(*options.timeout),
+                                                   " must be positive (or unset: the knob)"));
   }
   if (nranks < 1 || nranks > 1024 || rank >= nranks) {
     return absl::InvalidArgumentError(

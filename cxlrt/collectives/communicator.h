@@ -54,29 +54,31 @@ using runtime::PoolOffset;
 
 class StreamProxy;  // cxlrt/collectives/stream_proxy.h
 
+// A field left nullopt takes its knob (cxlrt/collectives/comm_knobs.h), read
+// once per process; README.md lists the knobs and their defaults.
 struct CommOptions {
-  // Every wait of a call gives up after this (kDeadlineExceeded).
-  // 0: CXLRT_COMM_TIMEOUT_MS, else 60 s.
-  absl::Duration timeout = absl::ZeroDuration();
+  // Every wait of a call gives up after this (kDeadlineExceeded); must be
+  // positive. nullopt: CXLRT_COMM_TIMEOUT_MS, else 60 s.
+  std::optional<absl::Duration> timeout;
   // Bytes of each of a rank's data slots (the most one post of a rank holds
-  // when it is not posted in place). 0: CXLRT_COMM_SLOT_BYTES, else 1 MiB.
-  // Rank 0's value wins, as for depth.
-  uint64_t slot_bytes = 0;
+  // when it is not posted in place). nullopt: CXLRT_COMM_SLOT_BYTES, else
+  // 1 MiB (4 MiB on a machine with a GPU). Rank 0's value wins, as for depth.
+  std::optional<uint64_t> slot_bytes;
   // Slots per rank, 2 to 8: a rank posts up to depth - 1 chunks ahead of
-  // its slowest peer. 0: CXLRT_COMM_DEPTH, else 4.
-  uint32_t depth = 0;
-  // Bytes of a chunk of a rank's contribution (capped by the slot). 0:
-  // CXLRT_COMM_CHUNK_BYTES, else the measured table of docs/collectives.md.
-  // Every rank must pass the same value.
-  uint64_t chunk_bytes = 0;
+  // its slowest peer. nullopt: CXLRT_COMM_DEPTH, else 4.
+  std::optional<uint32_t> depth;
+  // Bytes of a chunk of a rank's contribution (capped by the slot); 0: the
+  // measured table of docs/collectives.md. nullopt: CXLRT_COMM_CHUNK_BYTES,
+  // else 0. Every rank must pass the same value.
+  std::optional<uint64_t> chunk_bytes;
   // Bytes of each Send/Recv channel (one per ordered pair of ranks, a ring
-  // of kP2pSlots chunks; rounded up to 256 B). 0: CXLRT_COMM_P2P_BYTES, else
-  // the largest power of two in [64 KiB, 1 MiB] whose n x n channels take
-  // at most 1/16 of the pool. Rank 0's value wins.
-  uint64_t p2p_bytes = 0;
+  // of kP2pSlots chunks; rounded up to 256 B); 0: the largest power of two
+  // in [64 KiB, 1 MiB] whose n x n channels take at most 1/16 of the pool.
+  // nullopt: CXLRT_COMM_P2P_BYTES, else 0. Rank 0's value wins.
+  std::optional<uint64_t> p2p_bytes;
   // All-reduces up to this many bytes run one-shot, larger ones two-shot.
-  // 0: CXLRT_ALLREDUCE_ONESHOT_MAX, else 64 KiB.
-  uint64_t oneshot_max = 0;
+  // nullopt: CXLRT_ALLREDUCE_ONESHOT_MAX, else 64 KiB.
+  std::optional<uint64_t> oneshot_max;
   // Moves the bytes of every collective, Send and Recv. Null: the CPU
   // engine, or the CUDA engine for calls with GPU buffers. Not owned; must
   // outlive the communicator.
@@ -309,7 +311,16 @@ class Communicator {
   runtime::Coherence& c_;
   const std::string name_;  // the block's name: "comm/" + the user's name
   const int nranks_, rank_;
-  CommOptions options_;
+  // CommOptions with every knob resolved (the constructor's work).
+  struct Settings {
+    absl::Duration timeout;
+    uint64_t slot_bytes;
+    uint32_t depth;
+    uint64_t chunk_bytes, p2p_bytes, oneshot_max;
+    CopyEngine* engine;
+    bool asynchronous;
+  };
+  Settings options_;
   PoolOffset block_ = 0;
   uint64_t slot_bytes_ = 0, p2p_bytes_ = 0;
   uint64_t p2p_offset_ = 0, p2p_buffers_offset_ = 0;

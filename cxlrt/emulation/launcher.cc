@@ -12,7 +12,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "cxlrt/runtime/config.h"
 #include "cxlrt/runtime/log.h"
 #include "cxlrt/runtime/pinning.h"
 #include "cxlrt/runtime/pool.h"
@@ -168,7 +167,7 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& o) {
   argv.push_back(nullptr);
 
   CXLRT_ASSIGN_OR_RETURN(runtime::PinPlan pins,
-                         runtime::PlanPinning(o.ranks, runtime::GetConfig().pin));
+                         runtime::PlanPinning(o.ranks, runtime::PinSetting()));
   CXLRT_LOG(kInfo) << "cxlrt run: pinning " << pins.why;
   SignalScope signals;
   std::vector<Rank> ranks(o.ranks);

@@ -14,6 +14,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "cxlrt/runtime/knobs.h"
 #include "cxlrt/runtime/log.h"
 #include "cxlrt/runtime/memory_backend.h"
 #include "cxlrt/runtime/pool_layout.h"
@@ -27,6 +28,10 @@
 
 namespace cxlrt::emulation {
 namespace {
+
+const runtime::Knob<std::string> kShmDir(
+    {"CXLRT_SHM_DIR", "/dev/shm", "Directory of emulated pool files when the URI has no dir=."},
+    "/dev/shm", runtime::AnyText());
 
 using runtime::BackendInfo;
 using runtime::ErrnoStatus;
@@ -352,13 +357,13 @@ const runtime::BackendProvider kShmProvider = {&CreateShm, &OpenShm, &DestroyShm
 std::string ShmPoolPath(const PoolUri& uri) { return ShmDevicePath(uri, 0); }
 
 std::string ShmDevicePath(const PoolUri& uri, uint32_t device) {
-  const std::string dir = uri.dir.value_or(runtime::GetConfig().shm_dir);
+  const std::string dir = uri.dir.value_or(kShmDir.Get());
   if (device == 0) return absl::StrCat(dir, "/cxlrt-", uri.name, ".pool");
   return absl::StrCat(dir, "/cxlrt-", uri.name, ".dev", device, ".pool");
 }
 
 std::string ShmModelPath(const PoolUri& uri) {
-  const std::string dir = uri.dir.value_or(runtime::GetConfig().shm_dir);
+  const std::string dir = uri.dir.value_or(kShmDir.Get());
   return absl::StrCat(dir, "/cxlrt-", uri.name, ".model");
 }
 

@@ -15,7 +15,6 @@
 
 #include <string>
 
-#include "cxlrt/runtime/config.h"
 #include "cxlrt/runtime/uri.h"
 
 namespace cxlrt::emulation {

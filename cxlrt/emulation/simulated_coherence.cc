@@ -11,9 +11,18 @@
 #include <string_view>
 
 #include "absl/container/btree_map.h"
+#include "cxlrt/runtime/knobs.h"
 
 namespace cxlrt::emulation {
 namespace {
+
+const runtime::Knob<bool> kSimStaleWriteBack(
+    {"CXLRT_SIM_STALE_WRITEBACK", "",
+     "For tests of the simulator: allow lets the simulated domain write back a line another host "
+     "changed; otherwise that aborts naming the line (docs/coherence.md)."},
+    false, [](const char*, const std::string& text) -> absl::StatusOr<bool> {
+      return text == "allow";
+    });
 
 using runtime::kCacheLine;
 using runtime::PoolOffset;
@@ -190,8 +199,8 @@ class SimulatedCoherence final : public runtime::Coherence {
 
   static bool AllowStaleWriteBack() {
     static const bool allow = [] {
-      const char* v = std::getenv("CXLRT_SIM_STALE_WRITEBACK");
-      return v != nullptr && std::string_view(v) == "allow";
+      // Read at the first stale write-back, not at open: tests set it late.
+      return kSimStaleWriteBack.Current();
     }();
     return allow;
   }

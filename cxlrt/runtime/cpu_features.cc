@@ -6,11 +6,24 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "cxlrt/runtime/config.h"
+#include "cxlrt/runtime/knobs.h"
 #include "cxlrt/runtime/log.h"
 
 namespace cxlrt::runtime {
 namespace {
+
+const Knob<std::optional<CpuLevel>> kCpuLevel(
+    {"CXLRT_CPU_LEVEL", "auto",
+     "Vector level of the CPU kernels (copies, checksums, reductions): auto (the highest this CPU "
+     "and OS support), baseline, avx2 or avx512. Can only lower the level: a request above the "
+     "CPU's is clamped with a warning (`cxlrt doctor` prints both)."},
+    std::nullopt,
+    [](const char* name, const std::string& text) -> absl::StatusOr<std::optional<CpuLevel>> {
+      if (text == "auto") return std::nullopt;
+      if (std::optional<CpuLevel> level = ParseCpuLevel(text)) return level;
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, "='", text, "' is not auto, baseline, avx2 or avx512"));
+    });
 
 // XCR0 bits: SSE and AVX (YMM upper halves) state; AVX-512's opmask,
 // ZMM_Hi256 and Hi16_ZMM state.
@@ -176,13 +189,19 @@ CpuLevelChoice ChooseCpuLevel(CpuLevel supported, std::optional<CpuLevel> reques
                                   "): running at ", CpuLevelName(supported))};
 }
 
+std::optional<CpuLevel> RequestedCpuLevel() { return kCpuLevel.Get(); }
+
+absl::StatusOr<std::optional<CpuLevel>> RequestedCpuLevel(const Getenv& getenv) {
+  return kCpuLevel.Parse(getenv);
+}
+
 CpuLevel ActiveCpuLevel() {
   static const CpuLevel level = [] {
     const CpuFeatures& f = GetCpuFeatures();
-    CpuLevelChoice choice = ChooseCpuLevel(f.max_level, GetConfig().cpu_level);
+    CpuLevelChoice choice = ChooseCpuLevel(f.max_level, kCpuLevel.Get());
     if (!choice.warning.empty()) {
       CXLRT_LOG(kWarning) << choice.warning
-                          << "; missing: " << MissingForCpuLevel(f, *GetConfig().cpu_level);
+                          << "; missing: " << MissingForCpuLevel(f, *kCpuLevel.Get());
     }
     return choice.level;
   }();

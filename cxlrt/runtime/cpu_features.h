@@ -15,6 +15,9 @@
 #include <string>
 #include <string_view>
 
+#include "absl/status/statusor.h"
+#include "cxlrt/runtime/knobs.h"
+
 namespace cxlrt::runtime {
 
 enum class FlushInstruction { kClwb, kClflushopt, kClflush, kNone };
@@ -104,6 +107,12 @@ CpuLevelChoice ChooseCpuLevel(CpuLevel supported, std::optional<CpuLevel> reques
 // GetCpuFeatures().max_level and CXLRT_CPU_LEVEL, chosen on first use and
 // fixed for the life of the process (a clamp is logged once, as a warning).
 CpuLevel ActiveCpuLevel();
+
+// The level CXLRT_CPU_LEVEL asks for; nullopt: auto (unset, "auto", or a
+// bad value, which ConfigStatus() reports).
+std::optional<CpuLevel> RequestedCpuLevel();
+// The same, read from `getenv` (tests); kInvalidArgument for a bad value.
+absl::StatusOr<std::optional<CpuLevel>> RequestedCpuLevel(const Getenv& getenv);
 
 // Picks a kernel family's entry for ActiveCpuLevel(). Dispatchers call it
 // once and keep the result.

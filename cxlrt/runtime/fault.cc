@@ -11,7 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "cxlrt/runtime/coherence.h"
-#include "cxlrt/runtime/config.h"
+#include "cxlrt/runtime/knobs.h"
 #include "cxlrt/runtime/log.h"
 
 namespace cxlrt::runtime {
@@ -73,8 +73,18 @@ std::vector<FaultRule>* g_rules = nullptr;          // guarded by g_mu
 std::map<std::string, uint64_t>* g_hits = nullptr;  // guarded by g_mu
 std::once_flag g_env_once;
 
+// Defined before kEnvArmed, which reads it during static initialisation.
+const Knob<std::string> kFault(
+    {"CXLRT_FAULT", "", "Fault points to fire: point:action[:count],... (docs/faults.md)."}, "",
+    [](const char* name, const std::string& text) -> absl::StatusOr<std::string> {
+      if (auto rules = ParseFaultSpec(text); !rules.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(name, ": ", rules.status().message()));
+      }
+      return text;
+    });
+
 void ArmFromEnvironment() {
-  const std::string& spec = GetConfig().fault;
+  const std::string& spec = kFault.Get();
   if (spec.empty()) return;
   if (absl::Status s = ArmFaults(spec); !s.ok()) {
     CXLRT_LOG(kError) << "CXLRT_FAULT ignored: " << s;

@@ -7,15 +7,18 @@
 #include <cstring>
 #include <string>
 
-#include "cxlrt/runtime/config.h"
+#include "cxlrt/runtime/knobs.h"
 
 namespace cxlrt::runtime {
 namespace {
 
 std::atomic<int> g_level{-1};
 
+const Knob<std::string> kLogLevel({"CXLRT_LOG_LEVEL", "warning", "error, warning, info or debug."},
+                                  "warning", OneOf({"error", "warning", "info", "debug"}));
+
 int LevelFromConfig() {
-  const std::string& s = GetConfig().log_level;
+  const std::string& s = kLogLevel.Get();
   if (s == "error") return 0;
   if (s == "info") return 2;
   if (s == "debug") return 3;

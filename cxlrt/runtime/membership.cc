@@ -5,15 +5,52 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "cxlrt/runtime/config.h"
 #include "cxlrt/runtime/fault.h"
+#include "cxlrt/runtime/knobs.h"
 #include "cxlrt/runtime/log.h"
 #include "cxlrt/runtime/status_macros.h"
 
 namespace cxlrt::runtime {
 namespace {
+
+// The knobs AttachOptions' unset fields take.
+const Knob<int> kHostId(
+    {"CXLRT_HOST_ID", "-1",
+     "Id of this (emulated) host; its processes attach in host slots [id*k, id*k+k) with k = "
+     "CXLRT_SLOTS_PER_HOST. -1: any free slot. Give each machine its own id when several "
+     "machines share a dax pool; `cxlrt run` sets it."},
+    -1, [](const char* name, const std::string& text) -> absl::StatusOr<int> {
+      int id = 0;
+      if (!absl::SimpleAtoi(text, &id) || id < -1 || id > 1023) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, "='", text, "' is not -1 or a host id in [0, 1023]"));
+      }
+      return id;
+    });
+const Knob<uint32_t> kSlotsPerHost(
+    {"CXLRT_SLOTS_PER_HOST", "8", "Host slots reserved for each CXLRT_HOST_ID."}, 8,
+    UintIn(1, 1024));
+const Knob<uint32_t> kLeaseMs(
+    {"CXLRT_LEASE_MS", "2000",
+     "Lease of this host: others declare it dead when its heartbeat stops for this long."},
+    2000, UintIn(10, 3600000));
+const Knob<uint32_t> kHeartbeatMs(
+    {"CXLRT_HEARTBEAT_MS", "100", "Period of this host's heartbeat (must be < lease / 2)."}, 100,
+    UintIn(1, 600000));
+const Knob<uint32_t> kLockTimeoutMs(
+    {"CXLRT_LOCK_TIMEOUT_MS", "10000", "Deadline for taking the pool's metadata (bakery) lock."},
+    10000, UintIn(1, 3600000));
+const KnobRule kHeartbeatBelowHalfTheLease([](const Getenv& getenv) -> absl::Status {
+  absl::StatusOr<uint32_t> lease = kLeaseMs.Parse(getenv);
+  absl::StatusOr<uint32_t> heartbeat = kHeartbeatMs.Parse(getenv);
+  if (!lease.ok() || !heartbeat.ok() || *heartbeat * 2 <= *lease) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("CXLRT_HEARTBEAT_MS=", *heartbeat,
+                                                 " must be below half of CXLRT_LEASE_MS=", *lease,
+                                                 ", or live hosts would be declared dead"));
+});
 
 std::string Hostname() {
   char buf[256] = {};
@@ -131,12 +168,11 @@ Membership::~Membership() {
 
 absl::StatusOr<std::unique_ptr<Membership>> Membership::Attach(Pool& pool,
                                                                const AttachOptions& options) {
-  const Config& config = GetConfig();
-  const absl::Duration lease = options.lease.value_or(absl::Milliseconds(config.lease_ms));
+  const absl::Duration lease = options.lease.value_or(absl::Milliseconds(kLeaseMs.Get()));
   const absl::Duration heartbeat =
-      options.heartbeat.value_or(absl::Milliseconds(config.heartbeat_ms));
+      options.heartbeat.value_or(absl::Milliseconds(kHeartbeatMs.Get()));
   const absl::Duration lock_timeout =
-      options.lock_timeout.value_or(absl::Milliseconds(config.lock_timeout_ms));
+      options.lock_timeout.value_or(absl::Milliseconds(kLockTimeoutMs.Get()));
   if (heartbeat <= absl::ZeroDuration() || heartbeat * 2 > lease) {
     return absl::InvalidArgumentError(absl::StrCat("heartbeat ", absl::FormatDuration(heartbeat),
                                                    " must be positive and at most half the "
@@ -144,8 +180,8 @@ absl::StatusOr<std::unique_ptr<Membership>> Membership::Attach(Pool& pool,
                                                    absl::FormatDuration(lease)));
   }
   const std::optional<uint32_t> wanted = options.slot;
-  const int host_id = options.host_id.value_or(config.host_id);
-  const uint32_t per_host = options.slots_per_host.value_or(config.slots_per_host);
+  const int host_id = options.host_id.value_or(kHostId.Get());
+  const uint32_t per_host = options.slots_per_host.value_or(kSlotsPerHost.Get());
   uint32_t first = 0, end = pool.host_slots();
   if (host_id >= 0 && !wanted) {
     first = static_cast<uint32_t>(host_id) * per_host;

@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 
@@ -10,9 +11,24 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "cxlrt/runtime/knobs.h"
 
 namespace cxlrt::runtime {
 namespace {
+
+const Knob<std::string> kPin(
+    {"CXLRT_PIN", "auto",
+     "Core pinning of the ranks `cxlrt run` and `cxlrt bench` start: auto (round-robin over the "
+     "allowed cores when ranks do not outnumber them), off, or a comma-separated core list."},
+    "", [](const char* name, const std::string& text) -> absl::StatusOr<std::string> {
+      bool list = !text.empty();
+      for (char ch : text) list = list && (std::isdigit(static_cast<unsigned char>(ch)) || ch == ',');
+      if (text != "auto" && text != "off" && !list) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            name, "='", text, "' is not auto, off or a comma-separated list of core numbers"));
+      }
+      return text == "auto" ? "" : text;
+    });
 
 std::vector<int> AllowedCores() {
   cpu_set_t set;
@@ -26,6 +42,8 @@ std::vector<int> AllowedCores() {
 }
 
 }  // namespace
+
+const std::string& PinSetting() { return kPin.Get(); }
 
 absl::StatusOr<PinPlan> PlanPinning(int ranks, const std::string& setting) {
   PinPlan plan;

@@ -21,6 +21,9 @@ struct PinPlan {
   std::string why;         // "ranks 0-1 on cores 0,1", "off: 8 ranks > 2 cores", ...
 };
 
+// CXLRT_PIN's value: "" (auto), "off" or a list of cores.
+const std::string& PinSetting();
+
 // The plan for `ranks` ranks under `setting` (CXLRT_PIN's value; "" is
 // auto) and the cores this process may use. kInvalidArgument for a list
 // naming a core this process may not use.

@@ -16,8 +16,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cxlrt/runtime/checksum.h"
-#include "cxlrt/runtime/config.h"
 #include "cxlrt/runtime/fault.h"
+#include "cxlrt/runtime/knobs.h"
 #include "cxlrt/runtime/log.h"
 #include "cxlrt/runtime/status_macros.h"
 #include "cxlrt/runtime/torn_read.h"
@@ -25,6 +25,15 @@
 
 namespace cxlrt::runtime {
 namespace {
+
+const Knob<std::string> kPool({"CXLRT_POOL", "emu://cxlrt?size=1G",
+                               "Pool URI used by `cxlrt` commands when none is given."},
+                              "emu://cxlrt?size=1G", AnyText());
+const Knob<std::string> kTestBootId(
+    {"CXLRT_TEST_BOOT_ID", "",
+     "For tests: stands in for this machine's boot id, so that a test can reboot a host "
+     "(docs/membership.md, \"Reboots\")."},
+    "", AnyText());
 
 uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -92,6 +101,8 @@ absl::Status Corrupt(absl::string_view where, absl::string_view what) {
 }
 
 }  // namespace
+
+const std::string& DefaultPoolUri() { return kPool.Get(); }
 
 uint32_t HeaderChecksum(const PoolHeaderLayout& h) {
   return Crc32c(&h, offsetof(PoolHeaderLayout, checksum));
@@ -421,7 +432,7 @@ uint64_t MachineId() {
     };
     std::string boot = first_line("/proc/sys/kernel/random/boot_id", "no-boot-id");
     // Tests stand in for a reboot (docs/membership.md, "Reboots").
-    if (const char* b = std::getenv("CXLRT_TEST_BOOT_ID"); b && *b) boot = b;
+    if (kTestBootId.IsSet()) boot = kTestBootId.Get();
     const std::string machine = first_line("/etc/machine-id", "no-machine-id");
     char host[256] = {};
     if (gethostname(host, sizeof(host) - 1) != 0) host[0] = 0;

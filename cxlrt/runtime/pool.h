@@ -25,6 +25,10 @@
 
 namespace cxlrt::runtime {
 
+// The pool that `cxlrt` commands and benchmarks use when none is named:
+// CXLRT_POOL, else emu://cxlrt?size=1G.
+const std::string& DefaultPoolUri();
+
 // What a reader can learn about one host slot, from its two lines.
 struct HostRecord {
   uint32_t slot = 0;

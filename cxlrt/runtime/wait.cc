@@ -5,10 +5,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "cxlrt/runtime/config.h"
+#include "cxlrt/runtime/knobs.h"
 
 namespace cxlrt::runtime {
 namespace {
+
+const Knob<uint32_t> kWaitSpins(
+    {"CXLRT_WAIT_SPINS", "2000", "Spin iterations of a wait before it yields and then sleeps."},
+    2000, UintIn(0, 100000000));
 
 // After spinning: this many yields (about 1 us each), then sleeps.
 constexpr uint64_t kYields = 64;
@@ -23,7 +27,7 @@ Waiter::Waiter(absl::Time deadline, absl::string_view what, WaitWatch* watch)
       deadline_(deadline),
       what_(what),
       watch_(watch),
-      spins_(GetConfig().wait_spins),
+      spins_(kWaitSpins.Get()),
       sleep_(kFirstSleep),
       next_watch_(start_ + kWatchPeriod) {}
 

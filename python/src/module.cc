@@ -317,8 +317,8 @@ class PyComm {
       : host_(host.State()) {
     collectives::CommOptions o;
     if (timeout_s > 0) o.timeout = absl::Seconds(timeout_s);
-    o.slot_bytes = slot_bytes;
-    o.depth = depth;
+    if (slot_bytes > 0) o.slot_bytes = slot_bytes;  // 0: the knob
+    if (depth > 0) o.depth = depth;
     absl::StatusOr<std::unique_ptr<collectives::Communicator>> c;
     {
       py::gil_scoped_release nogil;

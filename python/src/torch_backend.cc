@@ -61,7 +61,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "cxlrt/allocator/allocator.h"
+#include "cxlrt/collectives/comm_knobs.h"
 #include "cxlrt/collectives/communicator.h"
+#include "cxlrt/runtime/knobs.h"
 #include "cxlrt/runtime/membership.h"
 #include "cxlrt/runtime/pool.h"
 
@@ -348,10 +350,10 @@ class CxlrtBackend : public c10d::Backend {
     // communicator's slots take 4 MiB a rank); CXLRT_COMM_P2P_BYTES sets
     // them.
     collectives::CommOptions o;
-    o.timeout = absl::FromChrono(timeout);
+    if (timeout.count() > 0) o.timeout = absl::FromChrono(timeout);  // else the knob
     o.slot_bytes = 64;
     o.depth = collectives::kMinDepth;
-    if (std::getenv("CXLRT_COMM_P2P_BYTES") == nullptr) o.p2p_bytes = 256 << 10;
+    if (!collectives::kCommP2pBytes.IsSet()) o.p2p_bytes = 256 << 10;
     auto p2p = collectives::Communicator::Create(*host_->alloc, name_ + "-p2p", size, rank, o);
     if (!p2p.ok()) {
       Raise(absl::Status(p2p.status().code(),
@@ -1162,7 +1164,7 @@ class CxlrtBackend : public c10d::Backend {
     if (comm_) return comm_.get();
     if (!comm_status_.ok()) return comm_status_;
     collectives::CommOptions o;
-    o.timeout = absl::FromChrono(timeout_);
+    if (timeout_.count() > 0) o.timeout = absl::FromChrono(timeout_);  // else the knob
     o.p2p_bytes = 256;  // the smallest channels: its Send/Recv are unused
     auto comm = collectives::Communicator::Create(*host_->alloc, name_, size_, rank_, o);
     if (!comm.ok()) {
@@ -1557,10 +1559,7 @@ class CxlrtBackend : public c10d::Backend {
   std::deque<Job> jobs_;
   bool busy_ = false;  // a call is running (in the worker or a caller)
   bool stop_ = false;
-  const bool always_queue_ = [] {
-    const char* v = std::getenv("CXLRT_TORCH_ASYNC");
-    return v && std::string(v) == "1";
-  }();
+  const bool always_queue_ = runtime::kTorchAsync.Get();
   std::thread worker_;  // at the first queued call
 
   // Point to point. The posting threads touch only inbox_ and p2p_stop_

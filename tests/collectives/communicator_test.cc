@@ -1209,11 +1209,11 @@ TEST_P(CollectivesTest, AnAbortedRootKeepsItsSlotsUntilTheReaderHasReadThem) {
           // The next allocations, filled with a pattern: the allocator hands
           // back a freed slot first.
           runtime::Coherence& c = alloc.pool().coherence();
-          std::vector<uint8_t> pattern(o.slot_bytes, 0xEE);
+          std::vector<uint8_t> pattern(*o.slot_bytes, 0xEE);
           std::vector<PoolOffset> mine;
           size_t reused = 0;
           for (int k = 0; k < 32 && reused < slots.size(); ++k) {
-            auto got = alloc.Allocate(o.slot_bytes, {.alignment = 4096});
+            auto got = alloc.Allocate(*o.slot_bytes, {.alignment = 4096});
             if (!got.ok()) break;
             mine.push_back(*got);
             c.CopyToPool(*got, pattern.data(), pattern.size());
@@ -1279,10 +1279,10 @@ TEST_P(CollectivesTest, AFailedCallAndDestroyDrainTheEngineBeforeTheBuffersAndSl
         // The slots' next owner fills them; then whatever the engine still
         // had runs (a GPU's copies land whenever they land).
         runtime::Coherence& c = alloc.pool().coherence();
-        std::vector<uint8_t> pattern(o.slot_bytes, 0xEE), got(o.slot_bytes);
+        std::vector<uint8_t> pattern(*o.slot_bytes, 0xEE), got(*o.slot_bytes);
         std::vector<PoolOffset> next;
         for (size_t k = 0; k < 2 * slots.size(); ++k) {
-          auto b = alloc.Allocate(o.slot_bytes, {.alignment = 4096});
+          auto b = alloc.Allocate(*o.slot_bytes, {.alignment = 4096});
           if (!b.ok()) return b.status().ToString();
           next.push_back(*b);
           c.CopyToPool(*b, pattern.data(), pattern.size());

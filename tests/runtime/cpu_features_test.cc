@@ -10,7 +10,7 @@
 #include <sstream>
 #include <string>
 
-#include "cxlrt/runtime/config.h"
+#include "cxlrt/runtime/knobs.h"
 #include "gtest/gtest.h"
 #include "tests/testing/cpu_levels.h"
 #include "tests/testing/test_util.h"
@@ -151,18 +151,18 @@ TEST(CpuLevelTest, EachLevelNeedsEveryFeatureAndTheOsState) {
   EXPECT_EQ(MaxCpuLevel(CpuFeatures{}), CpuLevel::kBaseline);
 }
 
-absl::StatusOr<Config> ParseLevel(const char* value) {
-  return ParseConfig([&](const char* name) -> const char* {
+absl::StatusOr<std::optional<CpuLevel>> ParseLevel(const char* value) {
+  return RequestedCpuLevel([&](const char* name) -> const char* {
     return std::string(name) == "CXLRT_CPU_LEVEL" ? value : nullptr;
   });
 }
 
 TEST(CpuLevelTest, TheKnobNamesALevelOrAuto) {
-  EXPECT_EQ(ParseLevel(nullptr)->cpu_level, std::nullopt);
-  EXPECT_EQ(ParseLevel("auto")->cpu_level, std::nullopt);
-  EXPECT_EQ(ParseLevel("baseline")->cpu_level, CpuLevel::kBaseline);
-  EXPECT_EQ(ParseLevel("avx2")->cpu_level, CpuLevel::kAvx2);
-  EXPECT_EQ(ParseLevel("avx512")->cpu_level, CpuLevel::kAvx512);
+  EXPECT_EQ(*ParseLevel(nullptr), std::nullopt);
+  EXPECT_EQ(*ParseLevel("auto"), std::nullopt);
+  EXPECT_EQ(*ParseLevel("baseline"), CpuLevel::kBaseline);
+  EXPECT_EQ(*ParseLevel("avx2"), CpuLevel::kAvx2);
+  EXPECT_EQ(*ParseLevel("avx512"), CpuLevel::kAvx512);
   CXLRT_EXPECT_ERROR(ParseLevel("avx-512"), absl::StatusCode::kInvalidArgument,
                      "CXLRT_CPU_LEVEL='avx-512' is not auto, baseline, avx2 or avx512");
 }

@@ -12,12 +12,12 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "cxlrt/collectives/cuda/cuda_knobs.h"
 #include "cxlrt/collectives/cuda/reduce_kernels.h"
 #include "cxlrt/gpu/cuda/dma_engine.h"
 #include "cxlrt/gpu/cuda/kernels.h"
 #include "cxlrt/gpu/gpu.h"
 #include "cxlrt/gpu/memory.h"
-#include "cxlrt/runtime/config.h"
 
 namespace cxlrt::collectives {
 namespace {
@@ -232,10 +232,10 @@ class CudaCopyEngine final : public GpuCopyEngine {
   std::unique_ptr<CudaDmaEngine> dma_;
   Region regions_[kRegions];
   uint64_t next_region_ = 0;
-  const bool staged_reduce_ = runtime::GetConfig().cuda_reduce == "staged";
+  const bool staged_reduce_ = kCudaReduce.Get() == "staged";
   // CXLRT_CUDA_DOORBELL=copy: post lines written by the copy engine, from
   // a page-locked ring of their images.
-  const bool copy_doorbells_ = runtime::GetConfig().cuda_doorbell == "copy";
+  const bool copy_doorbells_ = kCudaDoorbell.Get() == "copy";
   static constexpr size_t kLineImages = 64, kLineImageBytes = 128;
   uint8_t* line_images_ = nullptr;
 };

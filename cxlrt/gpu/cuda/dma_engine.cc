@@ -12,7 +12,7 @@
 #include "absl/time/clock.h"
 #include "cxlrt/gpu/cuda/kernels.h"
 #include "cxlrt/gpu/gpu.h"
-#include "cxlrt/runtime/config.h"
+#include "cxlrt/gpu/gpu_knobs.h"
 #include "cxlrt/runtime/log.h"
 
 namespace cxlrt::gpu {
@@ -23,7 +23,7 @@ CudaDmaEngine::CudaDmaEngine(runtime::Coherence& c, uint8_t* base,
     : c_(c),
       base_(base),
       reg_(std::move(reg)),
-      kernel_batches_(runtime::GetConfig().cuda_kv_copy == "kernel") {}
+      kernel_batches_(kCudaKvCopy.Get() == "kernel") {}
 
 absl::StatusOr<std::unique_ptr<CudaDmaEngine>> CudaDmaEngine::Make(runtime::Coherence& c,
                                                                    uint8_t* base, uint64_t size) {
