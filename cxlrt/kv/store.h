@@ -20,31 +20,19 @@
 // Thread-safety: a Store is thread-safe. One Store per Allocator.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
-#include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "cxlrt/allocator/allocator.h"
-#include "cxlrt/gpu/dma_engine.h"
-#include "cxlrt/kv/kv_layout.h"
 #include "cxlrt/runtime/memory_kind.h"
-
-namespace cxlrt::kv_internal {
-class EvictionOrder;
-class StoreView;
-class Workers;
-}  // namespace cxlrt::kv_internal
 
 namespace cxlrt::kv {
 
@@ -221,142 +209,15 @@ class Store {
   // own; this host's are exact).
   absl::StatusOr<StoreStats> Stats();
 
-  uint32_t slot() const { return me_; }
+  // This host's slot: the partition it writes.
+  uint32_t slot() const;
 
  private:
-  struct Local;
-  struct Found;
-  explicit Store(allocator::Allocator& alloc, const StoreOptions& options);
-  absl::Status Init();
-  // The pool's store, made when missing and options_.create; waits (10 s in
-  // all) for a store another host is writing.
-  absl::StatusOr<std::unique_ptr<kv_internal::StoreView>> OpenView();
-  // Makes the store's block and header; OK when another host made it first.
-  absl::Status MakeStore();
-  absl::Status ReclaimUnwrittenStore();
-  absl::Status RecoverPartition();
-
-  // Namespaces: the id of `ns`, registering it when `create` (kNotFound
-  // when it is not registered and !create).
-  absl::StatusOr<uint32_t> NamespaceId(absl::string_view ns, bool create);
-  absl::Status RefreshNamespaces();
-  uint64_t QuotaOf(uint32_t ns);
-
-  // Searches every partition; nullopt when no visible entry has the key.
-  // With `evicting` set, an entry being evicted that has the key is
-  // returned (and *evicting set true) when no visible one does.
-  absl::StatusOr<std::optional<Found>> Search(uint32_t ns, absl::string_view key, uint64_t hash,
-                                              uint32_t only_partition = ~0u,
-                                              bool* evicting = nullptr, uint32_t skip = ~0u);
-  // Search over every partition but `skip` (~0u: none), widening to
-  // partitions first used since the last look when nothing is found.
-  absl::StatusOr<std::optional<Found>> SearchAll(uint32_t ns, absl::string_view key, uint64_t hash,
-                                                 bool* evicting = nullptr, uint32_t skip = ~0u);
-  // True when this host's partition holds a live entry of the key, or a put
-  // of it is in flight here (the owner's own view). REQUIRES: mu_.
-  absl::StatusOr<bool> OwnEntryExists(uint32_t ns, absl::string_view key, uint64_t hash);
-  bool SealIs(uint32_t partition, uint32_t index, uint64_t gen);
-
-  absl::Status PutOne(uint32_t ns, absl::string_view ns_name, absl::string_view key,
-                      absl::Span<const PutPart> parts);
-  // A put in three steps: Reserve makes the unsealed entry and its block
-  // (invisible to readers, dropped by recovery); the caller copies the
-  // value into r.block; Seal publishes it (or Abandon undoes Reserve).
-  struct Reserved {
-    uint32_t index;
-    PoolOffset block;
-    uint64_t gen;
-    uint64_t hash;
-  };
-  absl::StatusOr<Reserved> Reserve(uint32_t ns, absl::string_view ns_name, absl::string_view key,
-                                   size_t size);
-  absl::Status Seal(uint32_t ns, absl::string_view key, const Reserved& r, size_t size);
-  void Abandon(const Reserved& r);
-  // Copies the value into `parts`, through `dev` when set (they are GPU
-  // memory). `exact`: the value must fill the parts (else it must fit).
-  absl::StatusOr<size_t> GetOne(uint32_t ns, absl::string_view key, absl::Span<const GetPart> parts,
-                                bool exact, gpu::DmaEngine* dev = nullptr);
-
-  // GPU memory (docs/gpu.md, "KV blocks"): batches whose buffers are
-  // device memory run here, their copies pipelined on the CUDA engine.
-  // The memory kind of each item (`told`, or of its first part); empty
-  // when no item is device memory and none is refused. `refused` gets an
-  // error for an item whose parts mix kinds or are not of the told kind.
-  template <typename Item>
-  std::vector<runtime::MemoryKind> ItemKinds(absl::Span<const Item> items,
-                                             std::optional<runtime::MemoryKind> told,
-                                             std::vector<absl::Status>* refused);
-  // The engine, its copies ordered after `stream`'s work so far (null:
-  // the legacy default stream). REQUIRES: device_mu_
-  absl::StatusOr<gpu::DmaEngine*> Device(void* stream);
-  std::vector<absl::Status> DeviceBatchPut(uint32_t ns, absl::string_view ns_name,
-                                           absl::Span<const PutItem> items,
-                                           const std::vector<runtime::MemoryKind>& kinds,
-                                           const std::vector<absl::Status>& refused,
-                                           void* stream = nullptr);
-  std::vector<absl::StatusOr<size_t>> DeviceBatchGet(uint32_t ns, absl::Span<const GetItem> items,
-                                                     const std::vector<runtime::MemoryKind>& kinds,
-                                                     const std::vector<absl::Status>& refused,
-                                                     void* stream = nullptr);
-  // A hit of (partition, index, gen): counted, and touched when it is ours.
-  void CountHit(uint32_t ns, uint32_t partition, uint32_t index, uint64_t gen);
-  void Count(std::atomic<uint64_t>* counter, uint32_t ns);
-  std::mutex device_mu_;                               // one device batch at a time
-  std::unique_ptr<gpu::DmaEngine> device_;             // guarded by device_mu_
-
-  // Owner side, REQUIRES mu_: evicts this host's entries (those `eligible`)
-  // until `bytes` of values are gone or `count` entries; returns what went.
-  struct Evicted {
-    uint64_t bytes = 0;
-    uint32_t entries = 0;
-  };
-  Evicted Evict(uint64_t bytes, uint32_t count, const std::function<bool(uint32_t)>& eligible);
-  // Evicts the given slots unless pinned; returns those evicted, and adds
-  // them to `evicted` when set.
-  std::vector<uint32_t> EvictSlots(const std::vector<uint32_t>& victims,
-                                   Evicted* evicted = nullptr);
-  // (index, gen) of this partition's entries pinned by live hosts' pins.
-  std::vector<std::pair<uint32_t, uint64_t>> PinnedHere();
-  void WriteEntry(uint32_t index, const EntryLayout& e);
-  void WriteEntryHead(uint32_t index, const EntryLayout& e);  // line 0 only
-  void Tombstone(uint32_t index);
-  void PublishCounters(uint32_t ns);
-  uint64_t NsBytesElsewhere(uint32_t ns);
-
-  allocator::Allocator& alloc_;
-  runtime::Pool& pool_;
-  runtime::Coherence& c_;
-  runtime::Membership& membership_;
-  const StoreOptions options_;
-  const uint32_t me_;
-  std::unique_ptr<kv_internal::StoreView> view_;
-
-  std::mutex ns_mu_;
-  std::vector<std::string> ns_names_;                  // guarded by ns_mu_: by id ("" unused)
-  absl::flat_hash_map<std::string, uint32_t> ns_ids_;  // guarded by ns_mu_
-
-  // This host's partition (owner side).
-  std::mutex mu_;
-  std::vector<Local> local_;                           // guarded by mu_: by index
-  std::unique_ptr<kv_internal::EvictionOrder> order_;  // guarded by mu_
-  std::vector<NsCountersLayout> counters_;             // guarded by mu_: by ns
-  uint64_t next_gen_ = 0;                              // guarded by mu_
-
-  // Reader-side counters, published with the owner's under mu_.
-  std::unique_ptr<std::atomic<uint64_t>[]> hits_, misses_;
-  std::atomic<uint64_t> reads_{0};
-
-  // This host's pin table.
-  std::mutex pin_mu_;
-  std::vector<uint32_t> free_pins_;  // guarded by pin_mu_
-  uint64_t pins_high_ = 0;           // guarded by pin_mu_
-
-  // Partitions [0, partitions_seen_) have been used by some host.
-  std::atomic<uint32_t> partitions_seen_{0};
-
-  // Runs fn(i), i in [0, n), on several threads when the batch is large.
-  void ForEachItem(size_t n, uint64_t bytes, const std::function<void(size_t)>& fn);
-  std::unique_ptr<kv_internal::Workers> workers_;
+  // The state and the steps (internal/store_impl.h); the pool's layout
+  // and the kv internals stay out of this header.
+  struct Impl;
+  Store(allocator::Allocator& alloc, const StoreOptions& options);
+  std::unique_ptr<Impl> impl_;
 };
 
 // --- Reading a store without being a host of the pool (tools). ---
