@@ -19,6 +19,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "cxlrt/allocator/allocator.h"
+#include "cxlrt/collectives/comm_layout.h"
+#include "cxlrt/collectives/copy_engine.h"
 #include "gtest/gtest.h"
 #include "cxlrt/runtime/checksum.h"
 #include "cxlrt/runtime/fault.h"
