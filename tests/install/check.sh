@@ -10,6 +10,14 @@ trap 'rm -rf "$work"' EXIT
 cmake --install "$build" --prefix "$work/prefix" >/dev/null
 # Of the internal headers only the one allocator.h needs is installed.
 test -z "$(find "$work/prefix/include" -type f -path '*internal*' ! -name free_queue.h)"
+# Communicator keeps its state behind an Impl: its transport, pool layout
+# and algorithms are not installed. (copy_engine.h still is, for device.h.)
+for h in transport.h pool_transport.h comm_layout.h communicator_impl.h algorithms/algorithm.h; do
+  if [ -e "$work/prefix/include/cxlrt/collectives/$h" ]; then
+    echo "install_test: cxlrt/collectives/$h is installed (it is internal)" >&2
+    exit 1
+  fi
+done
 
 cmake -S "$src" -B "$work/cmake" -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
 cmake --build "$work/cmake" >/dev/null
