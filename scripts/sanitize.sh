@@ -21,8 +21,9 @@ cmake --build build-asan -j"$jobs"
 # CPU level. Not by default: on 2 cores the slower SSE2 kernels under ASan
 # starved heartbeats past their lease in 1 of 2 runs (the fencing window of
 # docs/allocator.md, "Limits"). The baseline level is covered in both
-# builds by communicator_test_baseline, cpu_features_test_baseline and the
-# kernel tests (reduce_test, cpu_kernels_test: every level the CPU has).
+# builds by communicator_test_baseline, communicator_p2p_test_baseline,
+# cpu_features_test_baseline and the kernel tests (reduce_test,
+# cpu_kernels_test: every level the CPU has).
 CXLRT_CPU_LEVEL="${CXLRT_SANITIZE_CPU_LEVEL:-auto}" \
 ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:halt_on_error=1}" \
 UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}" \

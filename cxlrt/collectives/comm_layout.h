@@ -19,14 +19,15 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cxlrt/collectives/types.h"
+
 namespace cxlrt::collectives {
 
 inline constexpr uint64_t kCommMagic = 0x314d4354524c5843ull;  // "CXLRTCM1"
 inline constexpr uint32_t kCommVersion = 4;
 inline constexpr size_t kInlineBytes = 64;
-// Slots (and post lines) per rank: a rank posts up to depth - 1 chunks
-// ahead of the slowest peer's reads.
-inline constexpr uint32_t kMinDepth = 2, kMaxDepth = 8;
+// Slots (and post lines) per rank, kMinDepth to kMaxDepth: types.h (public,
+// since CommOptions::depth takes them).
 
 struct CommHeaderLayout {
   uint64_t magic;  // published last

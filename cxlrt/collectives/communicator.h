@@ -7,10 +7,11 @@
 // its post line when tiny, else in its slot, or in place when its buffer
 // already lies in the pool) with a descriptor of the call, waits for every
 // peer's post of the same chunk, checks the descriptors, reads what it
-// needs, and marks the post read (cxlrt/collectives/transport.h). Each rank has a
-// ring of slots, so it copies chunk k+1 in while its peers read chunk k.
-// Bytes move through a copy engine (cxlrt/collectives/copy_engine.h).
-// docs/collectives.md is the protocol and the algorithms.
+// needs, and marks the post read (the transport, transport.h). Each rank has
+// a ring of slots, so it copies chunk k+1 in while its peers read chunk k.
+// Bytes move through a copy engine (copy_engine.h). docs/collectives.md is
+// the protocol and the algorithms. The state lives behind an Impl
+// (communicator_impl.h), so none of those headers is installed.
 //
 // Errors: a mismatched call is kInvalidArgument naming both ranks and both
 // calls, on every rank; a dead, fenced or aborting peer is kAborted naming
@@ -24,13 +25,11 @@
 // one pool.
 #pragma once
 
-#include <atomic>
+#include <cstddef>
 #include <cstdint>
-#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -39,20 +38,14 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "cxlrt/allocator/allocator.h"
-#include "cxlrt/collectives/algorithms/algorithm.h"
-#include "cxlrt/collectives/comm_layout.h"
-#include "cxlrt/collectives/copy_engine.h"
-#include "cxlrt/collectives/gpu_engine.h"
-#include "cxlrt/collectives/transport.h"
 #include "cxlrt/collectives/types.h"
 #include "cxlrt/runtime/pool.h"
-#include "cxlrt/runtime/wait.h"
 
 namespace cxlrt::collectives {
 
 using runtime::PoolOffset;
 
-class StreamProxy;  // cxlrt/collectives/stream_proxy.h
+class CopyEngine;  // copy_engine.h (not installed: engines are made in the tree)
 
 // A field left nullopt takes its knob (cxlrt/collectives/comm_knobs.h), read
 // once per process; README.md lists the knobs and their defaults.
@@ -64,8 +57,8 @@ struct CommOptions {
   // when it is not posted in place). nullopt: CXLRT_COMM_SLOT_BYTES, else
   // 1 MiB (4 MiB on a machine with a GPU). Rank 0's value wins, as for depth.
   std::optional<uint64_t> slot_bytes;
-  // Slots per rank, 2 to 8: a rank posts up to depth - 1 chunks ahead of
-  // its slowest peer. nullopt: CXLRT_COMM_DEPTH, else 4.
+  // Slots per rank, kMinDepth to kMaxDepth (2 to 8, types.h): a rank posts
+  // up to depth - 1 chunks ahead of its slowest peer. nullopt: CXLRT_COMM_DEPTH, else 4.
   std::optional<uint32_t> depth;
   // Bytes of a chunk of a rank's contribution (capped by the slot); 0: the
   // measured table of docs/collectives.md. nullopt: CXLRT_COMM_CHUNK_BYTES,
@@ -119,10 +112,11 @@ class Communicator {
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
-  bool destroyed() const { return destroyed_; }
-  int rank() const { return rank_; }
-  int size() const { return nranks_; }
-  const std::string& name() const { return name_; }
+  bool destroyed() const;
+  int rank() const;
+  int size() const;
+  // The block's name: "comm/" + the name it was created with.
+  const std::string& name() const;
 
   // Collectives, NCCL's argument conventions: counts in elements; in place
   // when send == recv (for AllGather: send == recv + rank * count; for
@@ -204,146 +198,18 @@ class Communicator {
   void Abort(absl::string_view why = "aborted by the application");
 
   // Posts made so far (for tests and benchmarks).
-  uint64_t posts() const { return transport_->staged(); }
+  uint64_t posts() const;
   // Bytes of each Send/Recv channel, as rank 0 chose them.
-  uint64_t p2p_bytes() const { return p2p_bytes_; }
+  uint64_t p2p_bytes() const;
   // Where this rank's data slots lie in the pool (diagnostics, tests).
-  const std::vector<PoolOffset>& slots() const { return my_slots_; }
+  const std::vector<PoolOffset>& slots() const;
 
  private:
-  class PeerWatch;
+  struct Impl;  // communicator_impl.h
 
-  Communicator(allocator::Allocator& alloc, std::string name, int nranks, int rank,
-               const CommOptions& options);
-  absl::Status Join();
-  // Allocates this rank's slots (striped over the pool's devices).
-  absl::Status AllocateSlots();
-  void FreeSlots();
+  explicit Communicator(std::unique_ptr<Impl> impl);
 
-  PoolOffset RankAt(int r) const {
-    return block_ + sizeof(CommHeaderLayout) + uint64_t(r) * sizeof(RankLayout);
-  }
-  // Channel s -> d (comm_layout.h, P2pLayout): chunk q's header line and
-  // bytes, and the receiver's consumed counter.
-  PoolOffset P2pAt(int s, int d) const {
-    return block_ + p2p_offset_ + (uint64_t(s) * nranks_ + d) * sizeof(P2pLayout);
-  }
-  PoolOffset P2pChunkAt(int s, int d, uint64_t q) const {
-    return P2pAt(s, d) + (q - 1) % kP2pSlots * sizeof(P2pChunkLayout);
-  }
-  PoolOffset P2pConsumedAt(int s, int d) const {
-    return P2pAt(s, d) + offsetof(P2pLayout, consumed);
-  }
-  uint64_t p2p_chunk_bytes() const { return p2p_bytes_ / kP2pSlots; }  // a slot of the ring
-  // The chunks a Send or Recv of `bytes` is cut into (p2p.cc).
-  size_t P2pChunkFor(size_t bytes) const;
-  PoolOffset P2pBufferAt(int s, int d, uint64_t q) const {
-    return block_ + p2p_buffers_offset_ + (uint64_t(s) * nranks_ + d) * p2p_bytes_ +
-           (q - 1) % kP2pSlots * p2p_chunk_bytes();
-  }
-
-  // Starts a collective: checks the communicator is usable and the
-  // arguments, picks the engine for its buffers, numbers the call, and
-  // hands the algorithm its context.
-  absl::StatusOr<algorithms::Call> Begin(CollKind kind, DataType type, RedOp op, size_t count,
-                                         int root, CopyEngine& engine);
-  // OK, or why no call may start (destroyed, aborted).
-  absl::Status Usable() const;
-  // The same, with `failure` as the communicator's first error.
-  absl::Status UsableAfter(const absl::Status& failure) const;
-  // Asynchronous mode: waits for the queued calls before a call that runs
-  // on the caller's thread.
-  void Quiesce();
-  // Runs `algorithm` as collective `kind` over buffers send and recv (either
-  // may be null) ordered on `stream`.
-  template <typename Algorithm>
-  absl::Status Run(CollKind kind, DataType type, RedOp op, size_t count, int root, const void* send,
-                   const void* recv, void* stream, Algorithm algorithm);
-  // Run without the asynchronous queue: on the caller's thread.
-  template <typename Algorithm>
-  absl::Status RunNow(CollKind kind, DataType type, RedOp op, size_t count, int root,
-                      const void* send, const void* recv, void* stream, Algorithm algorithm);
-  // The engine for a call over `buffers`: the options' engine, else the
-  // CUDA engine when one of them is device memory (made on first use), else
-  // the CPU engine. Orders a device engine after `stream`.
-  absl::StatusOr<CopyEngine*> EngineFor(const char* what,
-                                        std::initializer_list<const void*> buffers, void* stream,
-                                        bool start = true);
-  // `engine` as the device engine, or null when it is another.
-  GpuCopyEngine* DeviceOf(CopyEngine* engine) const {
-    return engine != nullptr && engine == device_engine_.get() ? device_engine_.get() : nullptr;
-  }
-  // After a call on `engine`: orders `stream` after it.
-  absl::Status EndOnStream(CopyEngine* engine, void* stream);
-  // Publishes the bytes of a flag line after its flag word (see .cc).
-  void PublishBody(runtime::PoolOffset line, const void* obj, size_t size);
-  // Rank 0's Destroy: waits until no rank can write the block any more.
-  absl::Status AwaitEveryRankGone();
-  // Whether the host of a rank that joined as `peer` is dead, fenced, free
-  // or restarted (its process can write the pool no more).
-  bool HostGone(const JoinLayout& peer) const;
-  // Destroy after a failure: waits until every peer has read this rank's
-  // published posts, or left, aborted or died (a peer may still be reading
-  // one from its slots). kDeadlineExceeded naming the peer at `deadline`.
-  absl::Status AwaitReadersDone(absl::Time deadline);
-  // Join, rank 0, before it takes the stale block [block, block+size)
-  // whose header is `old`: waits until each rank of that instance has
-  // left, aborted or died. kAlreadyExists naming a rank alive at `deadline`.
-  absl::Status AwaitStaleRanksGone(PoolOffset block, uint64_t size, const CommHeaderLayout& old,
-                                   absl::Time deadline);
-  // Drains every engine this communicator used (CopyEngine::Drain).
-  absl::Status DrainEngines(absl::Time deadline);
-  // After a call failed with `error` on `engine`: drains the engine (its
-  // copies write the caller's buffers) and returns `error`, noting a drain
-  // that ran out.
-  absl::Status SettleAfterError(CopyEngine& engine, absl::Status error);
-  // Records the first error, tells the peers, returns it.
-  absl::Status Fail(absl::Status s);
-  // OK, or the first error (the communicator is then aborted).
-  const absl::Status& failed() const;
-  // Ends waits when a peer dies, leaves or aborts.
-  runtime::WaitWatch* watch() const;
-  // The pool offset of [p, p+len) when it lies in the pool.
-  std::optional<PoolOffset> InPool(const void* p, size_t len) const;
-
-  allocator::Allocator& alloc_;
-  runtime::Pool& pool_;
-  runtime::Coherence& c_;
-  const std::string name_;  // the block's name: "comm/" + the user's name
-  const int nranks_, rank_;
-  // CommOptions with every knob resolved (the constructor's work).
-  struct Settings {
-    absl::Duration timeout;
-    uint64_t slot_bytes;
-    uint32_t depth;
-    uint64_t chunk_bytes, p2p_bytes, oneshot_max;
-    CopyEngine* engine;
-    bool asynchronous;
-  };
-  Settings options_;
-  PoolOffset block_ = 0;
-  uint64_t slot_bytes_ = 0, p2p_bytes_ = 0;
-  uint64_t p2p_offset_ = 0, p2p_buffers_offset_ = 0;
-  uint32_t depth_ = 0;
-  std::vector<PoolOffset> my_slots_;  // allocated by this rank, depth_ of them
-  uint64_t instance_ = 0;
-  std::vector<JoinLayout> peers_;  // as joined
-  std::unique_ptr<PeerWatch> watch_;
-  int spins_ = -1;  // spins before a wait yields; -1: CXLRT_WAIT_SPINS
-  std::unique_ptr<CopyEngine> cpu_engine_;
-  std::unique_ptr<GpuCopyEngine> device_engine_;  // on the first call with device buffers
-  std::unique_ptr<Transport> transport_;         // after Join
-
-  uint64_t calls_ = 0;
-  absl::Time deadline_;                    // of the current Send or Recv
-  std::vector<uint64_t> sent_, received_;  // p2p chunks per peer
-  std::vector<PoolOffset> buffers_;        // from Allocate
-  bool destroyed_ = false;
-  // Asynchronous mode: the proxy thread (made on the first call). Declared
-  // last: it is joined before the engines and the transport go.
-  std::atomic<GpuCopyEngine*> device_done_{nullptr};  // the engine the proxy reports to
-  std::unique_ptr<StreamProxy> proxy_;
-  bool made_block_ = false;  // rank 0 made the block (frees it if joining fails)
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace cxlrt::collectives

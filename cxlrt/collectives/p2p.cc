@@ -9,7 +9,7 @@
 #include <deque>
 
 #include "absl/strings/str_cat.h"
-#include "cxlrt/collectives/communicator.h"
+#include "cxlrt/collectives/communicator_impl.h"
 #include "cxlrt/runtime/status_macros.h"
 
 namespace cxlrt::collectives {
@@ -46,7 +46,7 @@ absl::Status Retire(CopyEngine& e, std::deque<InFlight>& flight, bool wait, absl
 
 }  // namespace
 
-size_t Communicator::P2pChunkFor(size_t bytes) const {
+size_t Communicator::Impl::P2pChunkFor(size_t bytes) const {
   // A quarter of the message, so that even a message of one slot's size
   // pipelines over the ring; at least 16 KiB (each chunk costs a flag
   // handoff and a header), at most the slot. Sender and receiver cut alike:
@@ -56,21 +56,21 @@ size_t Communicator::P2pChunkFor(size_t bytes) const {
   return std::min<size_t>(p2p_chunk_bytes(), std::max<size_t>(quarter, 16 << 10));
 }
 
-bool Communicator::SendFits(int peer, size_t bytes) const {
+bool Communicator::Impl::SendFits(int peer, size_t bytes) const {
   if (peer < 0 || peer >= nranks_ || peer == rank_ || destroyed_) return false;
   // The receiver's consumed counter only grows, so room seen now stays.
   const uint64_t unconsumed = sent_[peer] - c_.LoadFlag(P2pConsumedAt(rank_, peer));
   return unconsumed + Chunks(bytes, P2pChunkFor(bytes)) <= kP2pSlots;
 }
 
-bool Communicator::RecvReady(int peer) const {
+bool Communicator::Impl::RecvReady(int peer) const {
   if (peer < 0 || peer >= nranks_ || peer == rank_ || destroyed_) return false;
   const uint64_t q = received_[peer] + 1;
   return c_.LoadFlag(P2pChunkAt(peer, rank_, q)) >= q;
 }
 
-absl::Status Communicator::Send(const void* buf, size_t count, DataType type, int peer,
-                                void* stream) {
+absl::Status Communicator::Impl::Send(const void* buf, size_t count, DataType type, int peer,
+                                      void* stream) {
   Quiesce();
   if (destroyed_ || !failed().ok()) {
     return absl::FailedPreconditionError(absl::StrCat(name_, " is aborted or destroyed"));
@@ -128,7 +128,8 @@ absl::Status Communicator::Send(const void* buf, size_t count, DataType type, in
   return EndOnStream(engine, stream);
 }
 
-absl::Status Communicator::Recv(void* buf, size_t count, DataType type, int peer, void* stream) {
+absl::Status Communicator::Impl::Recv(void* buf, size_t count, DataType type, int peer,
+                                      void* stream) {
   Quiesce();
   if (destroyed_ || !failed().ok()) {
     return absl::FailedPreconditionError(absl::StrCat(name_, " is aborted or destroyed"));

@@ -1,34 +1,34 @@
-// The chunk protocol of a communicator: posts, waits and read marks over
-// the pool, below the algorithms (cxlrt/collectives/algorithms/) and above the
-// coherence layer. docs/collectives.md, "Transport", is the protocol.
+// The seam between the collective algorithms (cxlrt/collectives/algorithms/)
+// and whatever carries their chunks to the peers: numbered posts, waits for
+// the peers' posts, reads of their bytes and read marks. Today one
+// transport implements it, through one pool (pool_transport.h); a transport
+// between pools (another engine carrying the traffic between pods) plugs in
+// beside it without changing an algorithm. docs/collectives.md,
+// "Transport", is the protocol.
 //
 // Every chunk a rank contributes is one post, numbered over the
-// communicator's life from 1 (post numbers are monotonic flags, never
-// reset). Post s of rank r uses r's slot and post line s % depth, so rank
-// r may post s only once every peer has read its post s - depth: a rank
-// runs up to depth - 1 posts ahead of the slowest peer, which is what lets
-// an algorithm copy chunk k+1 into the pool while the peers read chunk k.
-// Every rank posts every chunk of every call (empty when it has nothing
-// for the others), in the same order, so post s is the same chunk of the
-// same call on every rank, and every rank checks every peer's call
-// descriptor in every post.
+// communicator's life from 1 (post numbers only grow). A transport keeps a
+// ring of `depth` posts per rank: a rank may stage post s only once every
+// peer has read its post s - depth, so it runs up to depth - 1 posts ahead
+// of the slowest peer, which is what lets an algorithm copy chunk k+1 in
+// while the peers read chunk k. Every rank posts every chunk of every call
+// (empty when it has nothing for the others), in the same order, so post s
+// is the same chunk of the same call on every rank, and every rank checks
+// every peer's call descriptor in every post.
 //
-// A post's bytes may still be in flight in a copy engine when it is
-// handed to Publish: it is published (post line, then its flag) only once
-// the engine's tickets behind it have completed. Pending posts are
-// published in order, by every later call into the transport and by every
-// wait it runs. An engine that publishes posts itself (a GPU's copy
-// engine under CXLRT_CUDA_DOORBELL=copy) is handed the line at once, to
-// write behind those tickets; the post then stays pending only until they
-// and the line have completed.
+// A post's bytes may still be in flight in a copy engine when it is handed
+// to Publish: the transport makes it visible only once the engine's tickets
+// behind it have completed.
+//
+// The shape of the communicator and the call in progress live in this base
+// class (non-virtual: the algorithms read them in their inner loops); the
+// protocol's steps are virtual.
 //
 // Thread-safety: one thread at a time (the communicator's).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -39,7 +39,6 @@
 #include "cxlrt/collectives/copy_engine.h"
 #include "cxlrt/runtime/coherence.h"
 #include "cxlrt/runtime/status_macros.h"
-#include "cxlrt/runtime/wait.h"
 
 namespace cxlrt::collectives {
 
@@ -51,39 +50,23 @@ inline constexpr absl::Duration kDataPathYield = absl::Milliseconds(20);
 
 class Transport {
  public:
-  struct Setup {
-    runtime::Coherence* coherence;
-    uint64_t pool_size;
-    std::string name;  // the communicator's block name, for messages
-    int nranks, rank;
-    PoolOffset block;
-    uint64_t instance;
-    uint64_t slot_bytes;
-    uint32_t depth;
-    std::vector<RingLayout> rings;  // every rank's slots, as joined
-    runtime::WaitWatch* watch;      // ends waits when a peer dies or leaves
-    int spins;                      // spins before a wait yields; -1: CXLRT_WAIT_SPINS
-    // Drains every engine of the communicator (Fail runs it before the
-    // peers see this rank aborted); null: nothing to drain.
-    std::function<absl::Status()> drain;
-  };
-  explicit Transport(Setup setup);
+  virtual ~Transport() = default;
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
 
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
+  // Posts in each rank's ring.
   uint32_t depth() const { return depth_; }
+  // The most one post of this rank holds when it is staged (SlotOf).
   uint64_t slot_bytes() const { return slot_bytes_; }
   const CallDesc& desc() const { return desc_; }
   absl::Time deadline() const { return deadline_; }
   CopyEngine& engine() { return *engine_; }
   // The last post number handed out by Stage (posts so far).
   uint64_t staged() const { return staged_; }
-  // The last post whose bytes lie in this rank's slots or pool buffers (not
-  // inline) that peers may have seen: published by this host, or handed to
-  // an engine that writes the line itself (it may have, even if its ticket
-  // never completes). Peers read this rank's memory only for posts up to
-  // it.
-  uint64_t published() const;
+  // OK, or the first error (Fail): the communicator is then aborted.
+  const absl::Status& failed() const { return failed_; }
 
   // Starts a call: its descriptor (checked against every peer's), its
   // deadline, and the engine that moves its bytes.
@@ -92,13 +75,14 @@ class Transport {
   // until every peer has read every post of the call (a caller's
   // pool-resident buffer is posted in place and is the caller's again only
   // then).
-  absl::Status EndCall(bool in_place);
+  virtual absl::Status EndCall(bool in_place) = 0;
 
   // Numbers the next post and waits until its slot and post line are free
   // (every peer has read post s - depth). Returns s.
-  absl::StatusOr<uint64_t> Stage();
-  // This rank's slot for post `s`: slot_bytes() bytes in the pool.
-  PoolOffset SlotOf(uint64_t s) const { return rings_[rank_].slot[s % depth_]; }
+  virtual absl::StatusOr<uint64_t> Stage() = 0;
+  // Where this rank stages the bytes of post `s` before Publish:
+  // slot_bytes() bytes in the pool.
+  virtual PoolOffset SlotOf(uint64_t s) const = 0;
 
   // What a post carries: `pieces` pieces of `piece_len` bytes, piece j at
   // data + j * stride in the pool.
@@ -113,95 +97,47 @@ class Transport {
   // tickets in `after` have completed. `in_place`: the bytes are the
   // caller's pool-resident buffer, written by its plain stores, and are
   // written back first.
-  absl::Status Publish(uint64_t s, const Bytes& bytes, bool in_place,
-                       std::vector<CopyEngine::Ticket> after = {});
-  // Publishes post `s` with `len` <= kInlineBytes bytes inside its post
-  // line (pieces `stride` bytes apart).
-  absl::Status PublishInline(uint64_t s, const void* bytes, size_t len, size_t stride = 0);
+  virtual absl::Status Publish(uint64_t s, const Bytes& bytes, bool in_place,
+                               std::vector<CopyEngine::Ticket> after) = 0;
+  // Publishes post `s` with `len` <= kInlineBytes bytes carried with the
+  // post itself (pieces `stride` bytes apart; 0: one piece).
+  virtual absl::Status PublishInline(uint64_t s, const void* bytes, size_t len, size_t stride) = 0;
 
   // Publishes this rank's own post `s` (waiting for its tickets: a rank
   // may overwrite the bytes it posts from only after its post is out, as
   // all-to-all in place does), then waits until every peer has published
   // post `s` and checks that each runs the same call. kInvalidArgument
   // naming both calls on a mismatch.
-  absl::Status WaitPosted(uint64_t s);
+  virtual absl::Status WaitPosted(uint64_t s) = 0;
   // Where `n` bytes from byte `offset` of peer j's post `s` can be read
   // (after WaitPosted(s), until Done(s)); kDataLoss when the post holds
   // fewer bytes than the call needs.
-  absl::StatusOr<const uint8_t*> PeerBytes(int j, uint64_t s, size_t offset, size_t n);
+  virtual absl::StatusOr<const uint8_t*> PeerBytes(int j, uint64_t s, size_t offset, size_t n) = 0;
   // Piece `piece` of peer j's post `s`, `n` bytes.
-  absl::StatusOr<const uint8_t*> PeerPiece(int j, uint64_t s, int piece, size_t n);
+  virtual absl::StatusOr<const uint8_t*> PeerPiece(int j, uint64_t s, int piece, size_t n) = 0;
   // This rank has read every peer's posts up to `s`. REQUIRES: in order.
-  void Done(uint64_t s);
-  // Waits until every peer has read this rank's posts up to `s`.
-  absl::Status AwaitPeersDone(uint64_t s);
+  virtual void Done(uint64_t s) = 0;
 
-  // Records the first error, marks this rank aborted for the peers, and
-  // returns `s`. The mark is this rank's last write to the block (rank 0
-  // frees it once every rank is marked), so the engines drain first: their
-  // copies may still write it (Send's chunks, post lines an engine
-  // publishes). An engine that does not drain by the deadline leaves the
-  // mark unset, and the peers' waits run into their deadlines instead.
-  absl::Status Fail(absl::Status s);
-  const absl::Status& failed() const { return failed_; }
+  // Records the first error (failed()), tells the peers this rank aborted,
+  // and returns `s`.
+  virtual absl::Status Fail(absl::Status s) = 0;
   // Describes a call: "AllReduce(count=4, float32, sum) [call 3]".
   std::string Describe(const CallDesc& d) const;
 
-  // Pool offsets of rank r's lines.
-  PoolOffset RankAt(int r) const {
-    return block_ + sizeof(CommHeaderLayout) + uint64_t(r) * sizeof(RankLayout);
-  }
-  PoolOffset PostAt(int r, uint64_t s) const {
-    return RankAt(r) + offsetof(RankLayout, post) + (s % depth_) * sizeof(PostLayout);
-  }
-  PoolOffset DoneAt(int r) const { return RankAt(r) + offsetof(RankLayout, done); }
+ protected:
+  Transport(int nranks, int rank, uint32_t depth, uint64_t slot_bytes)
+      : nranks_(nranks), rank_(rank), depth_(depth), slot_bytes_(slot_bytes) {}
 
- private:
-  struct Pending {
-    uint64_t s;
-    PostLayout post;
-    bool in_place;
-    Bytes bytes;
-    std::vector<CopyEngine::Ticket> after;
-    bool by_engine = false;  // the engine publishes it (PublishLine): only waited for
-  };
-  // Publishes pending posts whose tickets have completed, in order; waits
-  // for the tickets of those numbered up to `through` (0: none).
-  absl::Status Progress(uint64_t through);
-  // Publishes `p` now when nothing is queued and its tickets completed,
-  // else queues it.
-  absl::Status Enqueue(Pending&& p);
-  void PublishPost(const Pending& p);
-  // The post line of post `s`, then its number.
-  void PublishLine(uint64_t s, const PostLayout& post);
-  absl::Status CheckPost(int j, uint64_t s);
-  // Runs a wait of the protocol: progresses pending posts while it waits.
-  template <typename Ready>
-  absl::Status Await(Ready&& ready, const char* what);
-  absl::Status WaitFailed(absl::Status s, int j, const char* what);
-
-  runtime::Coherence& c_;
-  const uint64_t pool_size_;
-  const std::string name_;
+  // Shared with the implementations, which read them on every post.
   const int nranks_, rank_;
-  const PoolOffset block_;
-  const uint64_t instance_, slot_bytes_;
   const uint32_t depth_;
-  const std::vector<RingLayout> rings_;
-  runtime::WaitWatch* const watch_;
-  const int spins_;
-  const std::function<absl::Status()> drain_;
-
-  CallDesc desc_;
+  const uint64_t slot_bytes_;
+  CallDesc desc_;  // of the call in progress (BeginCall)
   absl::Time deadline_;
   CopyEngine* engine_ = nullptr;
-  uint64_t staged_ = 0;     // last post number staged
-  uint64_t published_ = 0;  // published(), but of lines this host wrote or the engine completed
-  uint64_t call_first_ = 1;
-  std::deque<Pending> pending_;
-  std::vector<PostLayout> posts_;    // [j * depth + s % depth]: peers' posts as read
-  std::vector<uint64_t> peer_done_;  // each peer's done counter as last loaded
-  absl::Status failed_;
+  uint64_t staged_ = 0;      // last post number staged
+  uint64_t call_first_ = 1;  // the call's first post
+  absl::Status failed_;      // set once, by Fail
 };
 
 // Runs a call's posts 0..n-1 as a pipeline: post(i) stages and publishes

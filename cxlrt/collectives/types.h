@@ -70,6 +70,10 @@ enum class CollKind : uint8_t {
 };
 const char* CollKindName(CollKind k);
 
+// Slots (and post lines) per rank of a communicator (CommOptions::depth):
+// a rank posts up to depth - 1 chunks ahead of the slowest peer's reads.
+inline constexpr uint32_t kMinDepth = 2, kMaxDepth = 8;
+
 // Bytes of one element. Inline: the CUDA library (cxlrt/collectives/cuda/),
 // linked below this one, uses it too.
 constexpr size_t SizeOf(DataType t) {

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "bench/gpu_timing.h"
 #include "cxlrt/collectives/communicator.h"
+#include "cxlrt/collectives/gpu_engine.h"
 #include "cxlrt/gpu/memory.h"
 #include "cxlrt/kv/store.h"
 #include "cxlrt/runtime/fault.h"

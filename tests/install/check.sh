@@ -10,6 +10,15 @@ trap 'rm -rf "$work"' EXIT
 cmake --install "$build" --prefix "$work/prefix" >/dev/null
 # Of the internal headers only the one allocator.h needs is installed.
 test -z "$(find "$work/prefix/include" -type f -path '*internal*' ! -name free_queue.h)"
+# Communicator keeps its state behind an Impl: its transport, pool layout
+# algorithms and copy engines are not installed.
+for h in transport.h pool_transport.h comm_layout.h communicator_impl.h algorithms/algorithm.h \
+         copy_engine.h gpu_engine.h comm_knobs.h; do
+  if [ -e "$work/prefix/include/cxlrt/collectives/$h" ]; then
+    echo "install_test: cxlrt/collectives/$h is installed (it is internal)" >&2
+    exit 1
+  fi
+done
 
 cmake -S "$src" -B "$work/cmake" -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
 cmake --build "$work/cmake" >/dev/null

@@ -116,7 +116,7 @@ absl::Status TwoShot(Call& c, const uint8_t* in, uint8_t* out, size_t count, Red
       CXLRT_RETURN_IF_ERROR(WaitAll(c, one));
       return PostPieces(c, s, out + lo * es, (hi - lo) * es, 0, 1, -1, std::nullopt);
     }
-    if (zc) return c.t.Publish(s, {*zc + first * es, m * es, 0, 1}, /*in_place=*/true);
+    if (zc) return c.t.Publish(s, {*zc + first * es, m * es, 0, 1}, /*in_place=*/true, {});
     if (m * es <= kInlineBytes) return PostPieces(c, s, in + first * es, m * es, 0, 1, -1, {});
     // Peers read every shard but ours: ours stays out of the pool.
     const PoolOffset slot = c.t.SlotOf(s);

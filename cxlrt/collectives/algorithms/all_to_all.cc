@@ -89,7 +89,7 @@ absl::Status AllToAllV(Call& c, const void* send, const std::vector<size_t>& sen
   }
   CXLRT_ASSIGN_OR_RETURN(const uint64_t s0, c.t.Stage());
   if (meta <= kInlineBytes) {
-    CXLRT_RETURN_IF_ERROR(c.t.PublishInline(s0, mine, meta));
+    CXLRT_RETURN_IF_ERROR(c.t.PublishInline(s0, mine, meta, 0));
   } else if (meta > c.t.slot_bytes()) {
     return c.t.Fail(absl::InvalidArgumentError(
         absl::StrCat("rank ", r, " in ", c.t.Describe(c.t.desc()), ": the counts of ", n,
@@ -97,7 +97,7 @@ absl::Status AllToAllV(Call& c, const void* send, const std::vector<size_t>& sen
   } else {
     // Written by this thread's stores and written back here: no engine copy.
     c.coherence.Publish(c.t.SlotOf(s0), mine, meta);
-    CXLRT_RETURN_IF_ERROR(c.t.Publish(s0, {c.t.SlotOf(s0), meta, meta, 1}, /*in_place=*/false));
+    CXLRT_RETURN_IF_ERROR(c.t.Publish(s0, {c.t.SlotOf(s0), meta, meta, 1}, /*in_place=*/false, {}));
   }
   CXLRT_RETURN_IF_ERROR(c.t.WaitPosted(s0));
   for (int j = 0; j < n; ++j) {

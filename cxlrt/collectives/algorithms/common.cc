@@ -65,7 +65,7 @@ absl::Status PostPieces(Call& c, uint64_t s, const uint8_t* src, size_t piece_le
                         size_t src_stride, int pieces, int skip,
                         std::optional<PoolOffset> in_place) {
   if (in_place) {
-    return c.t.Publish(s, {*in_place, piece_len, src_stride, pieces}, /*in_place=*/true);
+    return c.t.Publish(s, {*in_place, piece_len, src_stride, pieces}, /*in_place=*/true, {});
   }
   const size_t total = piece_len * pieces;
   if (total <= kInlineBytes && c.e.host_buffers()) {
@@ -90,7 +90,7 @@ absl::Status PostPieces(Call& c, uint64_t s, const uint8_t* src, size_t piece_le
   return c.t.Publish(s, {slot, piece_len, piece_len, pieces}, /*in_place=*/false, std::move(after));
 }
 
-absl::Status PostEmpty(Call& c, uint64_t s) { return c.t.PublishInline(s, nullptr, 0); }
+absl::Status PostEmpty(Call& c, uint64_t s) { return c.t.PublishInline(s, nullptr, 0, 0); }
 
 absl::Status WaitAll(Call& c, Tickets& tickets) {
   for (CopyEngine::Ticket k : tickets) {
