@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the build tree BUILD into a scratch prefix, then builds and runs
 # tests/install/consumer.cc against it twice: through find_package(cxlrt)
-# and through pkg-config. Also runs the installed CLI. ctest: install_test.
+# and through pkg-config; builds the C++ examples (examples/*.cc) against it
+# and runs them on two ranks under the installed CLI. ctest: install_test.
 set -euo pipefail
 build=$1
 src=$(cd "$(dirname "$0")" && pwd)
@@ -15,7 +16,8 @@ if [ -n "$internal" ]; then
   exit 1
 fi
 
-cmake -S "$src" -B "$work/cmake" -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+cmake -S "$src" -B "$work/cmake" -DCMAKE_PREFIX_PATH="$work/prefix" \
+  -DCXLRT_EXAMPLES_DIR="$src/../../examples" >/dev/null
 cmake --build "$work/cmake" >/dev/null
 mkdir "$work/run1"
 "$work/cmake/consumer" "$work/run1"
@@ -28,4 +30,7 @@ mkdir "$work/run2"
 "$work/consumer-pc" "$work/run2"
 
 "$work/prefix/bin/cxlrt" --help >/dev/null
-echo "install_test: find_package, pkg-config and the CLI work from $work/prefix"
+for example in kv_handoff allreduce; do
+  "$work/prefix/bin/cxlrt" run -n 2 --timeout 120 -- "$work/cmake/example_$example" >/dev/null
+done
+echo "install_test: find_package, pkg-config, the examples and the CLI work from $work/prefix"
