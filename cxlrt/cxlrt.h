@@ -3,7 +3,7 @@
 // communicators are made from the Host it returns.
 //
 //   absl::StatusOr<cxlrt::Host> host = cxlrt::Host::Open();  // CXLRT_POOL
-//   auto store = host->OpenStore({.create = true});
+//   auto store = host->OpenStore();  // std::shared_ptr<kv::Store>
 //   (*store)->Put("llama-8b", "seq-7/blk-0", data, size);
 //
 // Without it a program holds four objects (Pool, Membership, Allocator,
