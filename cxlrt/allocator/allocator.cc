@@ -56,8 +56,11 @@ class Allocator::Impl {
 
   absl::Status Init();
   // The public calls (allocator.h says what each does).
-  absl::StatusOr<PoolOffset> Allocate(uint64_t size, const AllocOptions& options);
-  absl::Status Free(PoolOffset offset);
+  // The cached paths, inlined into the public calls (a forwarding call
+  // costs about 6% of a 64 B allocate+free pair; cxlrt bench alloc).
+  [[gnu::always_inline]] absl::StatusOr<PoolOffset> Allocate(uint64_t size,
+                                                             const AllocOptions& options);
+  [[gnu::always_inline]] absl::Status Free(PoolOffset offset);
   absl::Status CommitDurable(PoolOffset block, PoolOffset word, uint64_t value);
   absl::Status FreeDurable(PoolOffset block, PoolOffset word, uint64_t value);
   absl::StatusOr<uint64_t> BlockSize(PoolOffset offset);
@@ -296,7 +299,8 @@ inline void Allocator::Impl::PutCached(ThreadCache& tc, uint32_t cls, std::atomi
   bin.count.store(n + 1, std::memory_order_relaxed);
 }
 
-absl::StatusOr<PoolOffset> Allocator::Impl::Allocate(uint64_t size, const AllocOptions& options) {
+inline absl::StatusOr<PoolOffset> Allocator::Impl::Allocate(uint64_t size,
+                                                            const AllocOptions& options) {
   // The cached path: a small private block from this thread's cache (sizes
   // 1..kMaxSmallSize, alignment 64 or less, no device), refilled from the
   // arena when empty. Everything else goes the slow way.
@@ -419,7 +423,7 @@ inline std::atomic<uint8_t>* Allocator::Impl::CachedState(PoolOffset offset, uin
   return &view.state.load(std::memory_order_acquire)[b];
 }
 
-absl::Status Allocator::Impl::Free(PoolOffset offset) {
+inline absl::Status Allocator::Impl::Free(PoolOffset offset) {
   // The cached path: a block of this arena's slabs that a cached path handed
   // out goes into this thread's cache (half of a full bin goes back to the
   // arena first). Everything else goes the slow way.
