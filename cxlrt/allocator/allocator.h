@@ -21,14 +21,9 @@
 #pragma once
 
 #include <array>
-#include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -36,7 +31,6 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "cxlrt/allocator/allocator_layout.h"
-#include "cxlrt/allocator/internal/free_queue.h"
 #include "cxlrt/allocator/pool_ptr.h"
 #include "cxlrt/runtime/membership.h"
 #include "cxlrt/runtime/pool.h"
@@ -104,18 +98,6 @@ struct NamedBlock {
   uint64_t size = 0;
   uint32_t owner_host = 0;
 };
-
-}  // namespace cxlrt::allocator
-
-namespace cxlrt::allocator_internal {
-class ArenaState;
-class HeapMeta;
-enum class BlockState : uint8_t;
-struct ThreadCache;
-struct ThreadCacheRegistry;
-}  // namespace cxlrt::allocator_internal
-
-namespace cxlrt::allocator {
 
 class Allocator {
  public:
@@ -203,111 +185,15 @@ class Allocator {
   // destructor calls it. Further calls fail with kFailedPrecondition.
   absl::Status Close();
 
-  uint32_t slot() const { return slot_; }
-  runtime::Pool& pool() const { return pool_; }
-  runtime::Membership& membership() const { return membership_; }
+  uint32_t slot() const;
+  runtime::Pool& pool() const;
+  runtime::Membership& membership() const;
 
  private:
-  Allocator(runtime::Pool& pool, runtime::Membership& membership, const AllocatorOptions& options);
-  absl::Status Init();
-  bool Usable() const { return !closed_.load(std::memory_order_relaxed) && !membership_.fenced(); }
-  absl::Status CheckUsable() { return Usable() ? absl::OkStatus() : Unusable(); }
-  absl::Status Unusable();
-  absl::Status FreeLocked(PoolOffset offset, bool allow_named);
-  // The body of CommitDurable / FreeDurable.
-  absl::Status ChangeWithWord(RedoKind kind, PoolOffset block, PoolOffset word, uint64_t value);
-  // Allocate with options.device set: whole segments on that device.
-  absl::StatusOr<PoolOffset> AllocateOnDevice(uint64_t size, uint64_t alignment,
-                                              const AllocOptions& options);
-  // Sets the state byte of cached-path block `off` of class `cls` (lock-free).
-  void SetState(PoolOffset off, uint32_t cls, allocator_internal::BlockState st);
-  // The state byte of `offset` when it starts a block of one of this
-  // arena's slabs that the thread caches serve (its class in `cls`), else
-  // nullptr. Lock-free.
-  std::atomic<uint8_t>* CachedState(PoolOffset offset, uint32_t* cls) const;
-  // A block from / into bin `cls` of a thread cache. REQUIRES: the bin is
-  // not empty / not full; `off` starts a block of class `cls` of this arena
-  // and `state` is its state byte.
-  PoolOffset TakeCached(allocator_internal::ThreadCache& tc, uint32_t cls);
-  void PutCached(allocator_internal::ThreadCache& tc, uint32_t cls, std::atomic<uint8_t>& state,
-                 PoolOffset off);
-  // The cached paths' rare steps and everything past them, out of line so
-  // that the cached paths stay small: refill an empty bin, return half of
-  // a full one, and Allocate / Free of what no thread cache serves
-  // (`state`: the block's state byte when it is a cached-path block).
-  [[gnu::noinline]] absl::StatusOr<PoolOffset> RefillAndTake(allocator_internal::ThreadCache& tc,
-                                                             uint32_t cls);
-  [[gnu::noinline]] void ReturnHalf(allocator_internal::ThreadCache& tc, uint32_t cls);
-  [[gnu::noinline]] absl::StatusOr<PoolOffset> AllocateSlow(uint64_t size,
-                                                            const AllocOptions& options);
-  [[gnu::noinline]] absl::Status FreeSlow(PoolOffset offset, const std::atomic<uint8_t>* state,
-                                          uint32_t cls);
-  // The calling thread's cache (made on first use).
-  allocator_internal::ThreadCache& MyCache();
-  // Takes mu_ for a batch move between a thread cache and the arena:
-  // spins up to 4 us before it sleeps.
-  void LockForBatch();
-  // Fills the empty cache bin of class `cls` from the arena. REQUIRES: mu_.
-  absl::Status RefillBin(allocator_internal::ThreadCache& tc, uint32_t cls);
-  // Takes back what other hosts freed (on every refill). REQUIRES: mu_.
-  void DrainOnRefill();
-  // Returns the oldest `n` blocks of bin `cls` to the arena. REQUIRES: mu_.
-  void ReturnBlocks(allocator_internal::ThreadCache& tc, uint32_t cls, uint32_t n);
-  // Blocks per class that thread caches hold now (relaxed reads).
-  std::array<uint64_t, kNumClasses> ThreadCached();
-  absl::Status RemoteFree(PoolOffset offset, bool allow_named);
-  // Frees `entries` in `owner`'s arena, which no host owns, under the pool lock.
-  absl::Status FreeInUnownedArena(uint32_t owner, const std::vector<RingEntryLayout>& entries);
-  // Pushes what fits of the queued frees for `owner` into its ring.
-  void PushPending(uint32_t owner);
-  absl::Status DrainRings();
-  void TickLoop();
+  class Impl;  // allocator.cc
+  explicit Allocator(std::unique_ptr<Impl> impl);
 
-  runtime::Pool& pool_;
-  runtime::Membership& membership_;
-  const AllocatorOptions options_;
-  const uint32_t slot_;
-  const uint64_t epoch_;
-  // Runs a function under the pool lock (made once: it is on every path).
-  const std::function<absl::Status(const std::function<absl::Status()>&)> pool_lock_;
-  AllocatorHeaderLayout header_{};
-
-  std::unique_ptr<allocator_internal::HeapMeta> meta_;  // set by Init, then constant
-  const uint64_t id_;  // unique in the process: names this allocator's thread caches
-  std::shared_ptr<allocator_internal::ThreadCacheRegistry> registry_;
-  std::mutex mu_;  // after registry_->mu when both are taken
-  std::unique_ptr<allocator_internal::ArenaState> arena_;  // guarded by mu_
-  std::vector<uint64_t> my_heads_;                         // guarded by mu_: head of ring (me, o)
-  std::vector<uint64_t> my_tails_;                         // guarded by mu_: tail of ring (p, me)
-  uint64_t refills_ = 0;                                   // guarded by mu_
-  // Frees queued for one owner before they go into its ring: block offsets
-  // (| kRingEntryDurable), all meant for the owner's incarnation `epoch`.
-  struct PendingFrees {
-    uint64_t epoch = 0;
-    allocator_internal::FreeQueue offsets;
-
-    // The owner's incarnation is now `e`: private frees queued for the one
-    // before are moot (its private blocks were reclaimed with it) and are
-    // dropped; durable ones stay, for whoever holds the block now.
-    void Retag(uint64_t e);
-    // Queues `tagged` (offset | durable bit) for the owner's incarnation
-    // `owner_epoch`, retagging first when that changed. False: no memory.
-    bool Add(uint64_t owner_epoch, uint64_t tagged);
-  };
-  std::vector<PendingFrees> pending_;  // guarded by mu_: frees queued for owner o
-  std::atomic<bool> closed_{false};    // written under mu_
-  // Segment entries last read whole and verified, for remote frees.
-  struct SeenEntry {
-    SegmentEntryLayout entry;
-    bool valid = false;
-  };
-  std::vector<SeenEntry> seen_;  // guarded by mu_
-
-  std::mutex tick_mu_;
-  std::condition_variable tick_cv_;
-  bool tick_stop_ = false;  // guarded by tick_mu_
-  std::thread tick_thread_;
-  absl::Time next_recovery_ = absl::InfinitePast();
+  std::unique_ptr<Impl> impl_;
 };
 
 // --- Reading an allocator without being a host of the pool (tools). ---

@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
 # Installs the build tree BUILD into a scratch prefix, then builds and runs
 # tests/install/consumer.cc against it twice: through find_package(cxlrt)
-# and through pkg-config. Also runs the installed CLI. ctest: install_test.
+# and through pkg-config; builds the C++ examples (examples/*.cc) against it
+# and runs them on two ranks under the installed CLI. ctest: install_test.
 set -euo pipefail
 build=$1
 src=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cmake --install "$build" --prefix "$work/prefix" >/dev/null
-# Of the internal headers only the one allocator.h needs is installed.
-test -z "$(find "$work/prefix/include" -type f -path '*internal*' ! -name free_queue.h)"
-# Communicator keeps its state behind an Impl: its transport, pool layout
+# No internal header is installed: public classes keep their state behind them.
+internal=$(find "$work/prefix" -type f -path '*/internal/*')
+if [ -n "$internal" ]; then
+  echo "install_test: internal headers were installed:" $internal >&2
+  exit 1
+fi
+# Communicator keeps its state behind an Impl: its transport, pool layout,
 # algorithms and copy engines are not installed.
 for h in transport.h pool_transport.h comm_layout.h communicator_impl.h algorithms/algorithm.h \
          copy_engine.h gpu_engine.h comm_knobs.h; do
@@ -20,7 +25,8 @@ for h in transport.h pool_transport.h comm_layout.h communicator_impl.h algorith
   fi
 done
 
-cmake -S "$src" -B "$work/cmake" -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+cmake -S "$src" -B "$work/cmake" -DCMAKE_PREFIX_PATH="$work/prefix" \
+  -DCXLRT_EXAMPLES_DIR="$src/../../examples" >/dev/null
 cmake --build "$work/cmake" >/dev/null
 mkdir "$work/run1"
 "$work/cmake/consumer" "$work/run1"
@@ -33,4 +39,7 @@ mkdir "$work/run2"
 "$work/consumer-pc" "$work/run2"
 
 "$work/prefix/bin/cxlrt" --help >/dev/null
-echo "install_test: find_package, pkg-config and the CLI work from $work/prefix"
+for example in kv_handoff allreduce; do
+  "$work/prefix/bin/cxlrt" run -n 2 --timeout 120 -- "$work/cmake/example_$example" >/dev/null
+done
+echo "install_test: find_package, pkg-config, the examples and the CLI work from $work/prefix"

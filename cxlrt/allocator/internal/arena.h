@@ -10,6 +10,15 @@
 // allocated in the pool but free in the owner's cache). Every change is
 // written to the pool before the call returns.
 //
+// Files by role, as mimalloc splits alloc, free, page, segment and stats:
+// heap_layout.cc (the tables' layout, HeapMeta), arena.cc (loading an
+// arena, slab views, publishing bitmaps and counters), arena_segments.cc
+// (claims and releases of segments), arena_alloc.cc (small, page and huge
+// allocation), arena_free.cc (frees and the rings), arena_durable.cc
+// (durability, the redo record, reclaiming private blocks) and
+// arena_stats.cc (audit and statistics); arena_segment.h holds what they
+// share.
+//
 // Thread-safety: HeapMeta is thread-safe; an ArenaState is not (the
 // Allocator's mutex or the pool lock guards it).
 #pragma once
