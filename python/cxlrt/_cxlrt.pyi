@@ -1,4 +1,4 @@
-# Type stubs of the extension module (python/src/module.cc). Use the
+# Type stubs of the extension module (python/csrc/). Use the
 # `cxlrt` package's wrappers; these are their building blocks.
 from typing import Any, Optional, Sequence, Union
 
