@@ -103,7 +103,7 @@ from cxlrt import _paths
 assert cxlrt.torch_backend.EXTENSION_ORIGIN == "jit", cxlrt.torch_backend.EXTENSION_ORIGIN
 assert "site-packages" in cxlrt.__file__, cxlrt.__file__
 assert os.path.exists(os.path.join(_paths.LIB_DIR, "libcxlrt.so")), _paths.LIB_DIR
-assert os.path.exists(os.path.join(_paths.INCLUDE_DIR, "collectives", "communicator.h"))
+assert os.path.exists(os.path.join(_paths.INCLUDE_DIR, "cxlrt", "collectives", "communicator.h"))
 dist.init_process_group("cxlrt", rank=0, world_size=1)
 x = torch.arange(10, dtype=torch.float32)
 dist.all_reduce(x)
