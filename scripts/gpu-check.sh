@@ -46,8 +46,8 @@ if [[ -n $prebuilt ]]; then
 print("-I" + sysconfig.get_paths()["include"], "-I" + os.path.join(os.path.dirname(torch.__file__), "include"))')
   [[ -f $pypath/cxlrt/_cxlrt$ext ]] ||
     g++ -O2 -std=c++20 -shared -fPIC -fvisibility=hidden $inc \
-      -I"$pypath/cxlrt/include" -I"$pypath" "$pypath/python/src/module.cc" \
-      "$pypath/python/src/buffers.cc" -L"$pypath/cxlrt/lib" -lcxlrt \
+      -I"$pypath/cxlrt/include" -I"$pypath" "$pypath"/python/csrc/*.cc \
+      -L"$pypath/cxlrt/lib" -lcxlrt \
       -Wl,-rpath,"$pypath/cxlrt/lib" -o "$pypath/cxlrt/_cxlrt$ext" >"$OUT/python-build.log" 2>&1 ||
     { echo "(the Python extension did not build: $OUT/python-build.log)"; tail -5 "$OUT/python-build.log"; }
 fi

@@ -14,16 +14,15 @@ for b in cxlrt gpu_test gpu_api_test; do
   strip -o .gpu/bin/$b build-gpu/bin/$b
 done
 # The Python package as pip installs it (sources, the torch backend's
-# source, cxlrt's headers, libcxlrt.so), but its extension: the GPU image's
+# sources, cxlrt's headers, libcxlrt.so), but its extension: the GPU image's
 # Python is another version, so gpu-check.sh compiles its sources
-# (python/src/: module.cc, buffers.cc and their headers) there against that
+# (python/csrc/*.cc and *.h) there against that
 # Python, with Abseil's headers carried beside cxlrt's.
 cmake --install build-gpu --component python --prefix .gpu/py >/dev/null
 rm -f .gpu/py/cxlrt/_cxlrt*.so
 strip .gpu/py/cxlrt/lib/libcxlrt.so
-mkdir -p .gpu/py/python/src
-cp python/src/module.cc python/src/buffers.cc python/src/buffers.h python/src/errors.h \
-  .gpu/py/python/src/
+mkdir -p .gpu/py/python/csrc
+cp python/csrc/*.cc python/csrc/*.h .gpu/py/python/csrc/
 cp -r /usr/include/absl .gpu/py/cxlrt/include/
 # Every library they load but the C runtime's own (the GPU machine's
 # glibc is at least Debian 12's).

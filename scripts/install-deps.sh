@@ -113,6 +113,14 @@ if ! "$VENV/bin/python" -c 'import vllm.v1.core.sched.scheduler, vllm.model_exec
     openai-harmony openai cloudpickle uvloop "xgrammar==0.2.8" "fastapi>=0.133,<0.137" \
     partial-json-parser "llguidance>=1.7,<1.8" einops
 fi
+# mypy, for its stubtest: python_stubs_test checks python/cxlrt/_cxlrt.pyi
+# against the extension module.
+MYPY_VERSION=2.4.1
+if [[ "$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("mypy"))' \
+        2>/dev/null)" != "$MYPY_VERSION" ]]; then
+  echo "install-deps: installing mypy $MYPY_VERSION into $VENV (PyPI)"
+  "$VENV/bin/pip" install -q --disable-pip-version-check "mypy==$MYPY_VERSION"
+fi
 # Each import the tests need (tests/python/probes.txt, what tests/CMakeLists.txt
 # probes): one that fails here would make the tests that need it a configure
 # error (CI, scripts/test.sh) or a skip, so it fails the install instead,

@@ -7,7 +7,7 @@ NCCL's are). Importing this module registers it:
 
 The pool is CXLRT_POOL, else an emulated pool named after the job's
 MASTER_PORT (rank 0 makes it when it does not exist). The C++ backend
-(a c10d::Backend subclass, python/src/torch_backend.cc) is compiled ahead
+(a c10d::Backend subclass, python/csrc/torch_backend/) is compiled ahead
 of time by the project's build (or pip's) into the package as
 cxlrt_torch_backend, against one torch version (_torch_build.py); importing
 this module loads it, and refuses, saying how to rebuild, when it is
@@ -66,9 +66,11 @@ def _build_jit():
 
     from . import _paths
 
+    # Its sources include each other from INCLUDE_DIR (the source tree, or
+    # the package's include/ when installed).
     return cpp_extension.load(
         name="cxlrt_torch_backend",
-        sources=[os.path.join(_HERE, "torch_backend.cc")],
+        sources=[os.path.join(_paths.INCLUDE_DIR, s) for s in _paths.TORCH_BACKEND_SOURCES],
         extra_include_paths=[_paths.INCLUDE_DIR],
         extra_cflags=["-O2", "-std=c++20"],
         extra_ldflags=[f"-L{_paths.LIB_DIR}", "-lcxlrt", f"-Wl,-rpath,{_paths.LIB_DIR}"],

@@ -208,6 +208,43 @@ def test_vllm_loads_it_through_kv_connector_module_path(model_dir, uri):
     assert s.worker.role == KVConnectorRole.WORKER
 
 
+def test_the_general_plugin_entry_point_registers_the_connector_by_name(tmp_path):
+    # The entry point as pip installs it (python/pyproject.toml into a
+    # dist-info's entry_points.txt), found by vLLM's own plugin loading in
+    # a fresh process; then vLLM's factory makes the class from the name.
+    import tomllib
+    pyproject = os.path.join(os.path.dirname(__file__), "..", "..", "pyproject.toml")
+    with open(pyproject, "rb") as f:
+        meta = tomllib.load(f)["project"]
+    plugins = meta["entry-points"]["vllm.general_plugins"]
+    assert plugins == {"cxlrt": "cxlrt.connectors.vllm_plugin:register"}, plugins
+    info = tmp_path / f"cxlrt-{meta['version']}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: cxlrt\nVersion: {meta['version']}\n")
+    (info / "entry_points.txt").write_text(
+        "[vllm.general_plugins]\n" + "".join(f"{k} = {v}\n" for k, v in plugins.items()))
+    code = """
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.plugins import load_general_plugins
+assert "CxlrtConnector" not in KVConnectorFactory._registry
+load_general_plugins()
+import cxlrt.connectors.vllm_plugin as plugin
+plugin.register()  # again: vLLM may load plugins more than once
+cls = KVConnectorFactory._registry["CxlrtConnector"]()
+assert cls.__module__ == "cxlrt.connectors.vllm", cls.__module__
+print("REGISTERED", cls.__name__)
+"""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    env.pop("VLLM_PLUGINS", None)  # every plugin: vLLM's default
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and "REGISTERED CxlrtConnector" in r.stdout, r.stdout + r.stderr
+
+
 def test_a_repeated_prompt_loads_its_prefix_from_the_store(model_dir, uri):
     a = Server(model_dir, uri)
     a.add("r1", prompt(100))

@@ -1,6 +1,8 @@
 // Buffer arguments of the _cxlrt bindings: held for the length of a call,
-// read from DLPack capsules, and checked against the call (buffers.h).
-#include "python/src/buffers.h"
+// read from DLPack capsules, and checked against the call (buffers.h); and
+// their bindings (DeviceSpan, DlpackMemory, dlpack_view, whether a GPU is
+// usable).
+#include "python/csrc/buffers.h"
 
 #include <map>
 #include <string>
@@ -9,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "cxlrt/gpu/gpu.h"
 #include "cxlrt/gpu/memory.h"
+#include "python/csrc/bindings.h"
 
 namespace cxlrt::python {
 
@@ -294,6 +297,37 @@ void CheckOverlap(const char* call, const Held& x, const Held& out, int rank) {
       : xn < on
           ? absl::StrCat("in place is x at rank ", rank, "'s part of out (byte ", r * xn, ")")
           : absl::StrCat("in place is out at rank ", rank, "'s part of x (byte ", r * on, ")")))};
+}
+
+void BindBuffers(py::module_& m) {
+  py::class_<DeviceSpan>(m, "DeviceSpan",
+                         "GPU memory for a collective or a KV call: an address and a size "
+                         "(e.g. a CUDA tensor's data_ptr() and nbytes). The caller keeps the "
+                         "memory alive for the call.")
+      .def(py::init([](uint64_t ptr, size_t nbytes) {
+             return DeviceSpan{ptr, nbytes, py::none(), false};
+           }),
+           py::arg("ptr"), py::arg("nbytes"))
+      .def_readonly("ptr", &DeviceSpan::ptr)
+      .def_readonly("nbytes", &DeviceSpan::nbytes)
+      .def_readonly("readonly", &DeviceSpan::readonly)
+      .def("__repr__", [](const DeviceSpan& d) {
+        return absl::StrCat("DeviceSpan(ptr=0x", absl::Hex(d.ptr), ", nbytes=", d.nbytes, ")");
+      });
+  py::class_<DlpackMemory>(m, "DlpackMemory", py::buffer_protocol(),
+                           "Host memory of a DLPack array (buffer protocol); holds the capsule.")
+      .def_buffer([](DlpackMemory& d) {
+        return py::buffer_info(d.data, 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<ssize_t>(d.nbytes)}, {1}, d.readonly);
+      })
+      .def_readonly("readonly", &DlpackMemory::readonly);
+  m.def("dlpack_view", &DlpackView, py::arg("capsule"), py::arg("writable") = false,
+        "(DlpackMemory or DeviceSpan, dtype, elements) of a DLPack capsule, which the view "
+        "holds unconsumed; `writable` refuses a read-only array (InvalidArgumentError).");
+  m.def("devices_available", &gpu::GpuAvailable,
+        "Whether this process can use a GPU (a CUDA build, a driver, a device).");
+  m.def("devices_unavailable_reason", &gpu::GpuUnavailableReason,
+        "Why no GPU can be used (empty when one can).");
 }
 
 }  // namespace cxlrt::python

@@ -1,10 +1,10 @@
-// Buffer arguments of the _cxlrt bindings (module.cc): every buffer a call
+// Buffer arguments of the _cxlrt bindings (communicator.cc, store.cc): every buffer a call
 // takes is held until the call's GIL-free work is over (Held), DLPack
 // arrays are read from their capsules (DlpackView), and each collective's
 // buffers are checked against the call before anything is copied
 // (CheckBuffer). docs/python.md has the rules.
-#ifndef CXLRT_PYTHON_SRC_BUFFERS_H_
-#define CXLRT_PYTHON_SRC_BUFFERS_H_
+#ifndef CXLRT_PYTHON_CSRC_BUFFERS_H_
+#define CXLRT_PYTHON_CSRC_BUFFERS_H_
 
 #include <pybind11/pybind11.h>
 
@@ -14,7 +14,7 @@
 
 #include "absl/strings/string_view.h"
 #include "cxlrt/collectives/types.h"
-#include "python/src/errors.h"
+#include "python/csrc/errors.h"
 
 namespace cxlrt::python {
 
@@ -120,4 +120,4 @@ void CheckOverlap(const char* call, const Held& x, const Held& out, int rank);
 
 }  // namespace cxlrt::python
 
-#endif  // CXLRT_PYTHON_SRC_BUFFERS_H_
+#endif  // CXLRT_PYTHON_CSRC_BUFFERS_H_
