@@ -57,7 +57,7 @@ std::shared_ptr<T> Holding(std::shared_ptr<void> host, std::unique_ptr<T> object
 absl::StatusOr<Host> Host::Open(absl::string_view uri, const HostOptions& options) {
   std::string name(uri);
   if (name.empty()) {
-    const std::optional<std::string>& env = runtime::PoolUriFromEnvironment();
+    const std::optional<std::string> env = runtime::PoolUriFromEnvironment();
     if (!env) {
       return absl::InvalidArgumentError(
           "no pool URI given and CXLRT_POOL is not set (cxlrt run sets it; or pass a URI such "

@@ -24,6 +24,7 @@ PACKAGES=(
   python3 python3-dev python3-venv pybind11-dev python3-numpy python3-pytest python3-hypothesis
   spin
   clang libclang-rt-14-dev llvm
+  clang-format
 )
 
 missing=()

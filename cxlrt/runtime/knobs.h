@@ -68,6 +68,13 @@ class KnobBase {
   // The process's value of the variable; nullopt when unset or empty.
   const std::optional<std::string>& text() const;
   KnobSource source() const { return text() ? KnobSource::kEnvironment : KnobSource::kDefault; }
+  // The variable as the environment holds it now (nullopt: unset or empty),
+  // not the text read at first use: for callers that read it per call
+  // (cxlrt::Host::Open's CXLRT_POOL) and tests that change it.
+  std::optional<std::string> CurrentText() const {
+    const char* v = std::getenv(info_.name);
+    return v != nullptr && *v != 0 ? std::optional<std::string>(v) : std::nullopt;
+  }
   // The text in effect: the environment's, else the default's.
   std::string ValueText() const { return text().value_or(info_.default_text); }
   // OK, or why the environment's value was refused (Get() is then the default).

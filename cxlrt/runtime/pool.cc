@@ -103,7 +103,7 @@ absl::Status Corrupt(absl::string_view where, absl::string_view what) {
 }  // namespace
 
 const std::string& DefaultPoolUri() { return kPool.Get(); }
-const std::optional<std::string>& PoolUriFromEnvironment() { return kPool.text(); }
+std::optional<std::string> PoolUriFromEnvironment() { return kPool.CurrentText(); }
 
 uint32_t HeaderChecksum(const PoolHeaderLayout& h) {
   return Crc32c(&h, offsetof(PoolHeaderLayout, checksum));

@@ -29,9 +29,9 @@ namespace cxlrt::runtime {
 // The pool that `cxlrt` commands and benchmarks use when none is named:
 // CXLRT_POOL, else emu://cxlrt?size=1G.
 const std::string& DefaultPoolUri();
-// CXLRT_POOL as the environment sets it (nullopt: unset or empty), for
-// callers that have no default (cxlrt::Host::Open).
-const std::optional<std::string>& PoolUriFromEnvironment();
+// CXLRT_POOL as the environment holds it now (nullopt: unset or empty),
+// for callers that have no default (cxlrt::Host::Open).
+std::optional<std::string> PoolUriFromEnvironment();
 
 // What a reader can learn about one host slot, from its two lines.
 struct HostRecord {

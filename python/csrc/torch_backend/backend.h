@@ -59,7 +59,6 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "cxlrt/allocator/allocator.h"
-#include "cxlrt/collectives/comm_knobs.h"
 #include "cxlrt/collectives/communicator.h"
 #include "cxlrt/runtime/knobs.h"
 #include "cxlrt/runtime/membership.h"

@@ -81,7 +81,8 @@ CxlrtBackend::CxlrtBackend(const c10::intrusive_ptr<c10d::Store>& store, int ran
   if (timeout.count() > 0) o.timeout = absl::FromChrono(timeout);  // else the knob
   o.slot_bytes = 64;
   o.depth = collectives::kMinDepth;
-  if (!collectives::kCommP2pBytes.IsSet()) o.p2p_bytes = 256 << 10;
+  const runtime::KnobBase* p2p_knob = runtime::FindKnob("CXLRT_COMM_P2P_BYTES");
+  if (p2p_knob == nullptr || !p2p_knob->text()) o.p2p_bytes = 256 << 10;
   auto p2p = collectives::Communicator::Create(*host_->alloc, name_ + "-p2p", size, rank, o);
   if (!p2p.ok()) {
     Raise(absl::Status(p2p.status().code(),
