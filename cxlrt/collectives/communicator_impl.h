@@ -215,7 +215,7 @@ struct Communicator::Impl {
   int spins_ = -1;  // spins before a wait yields; -1: CXLRT_WAIT_SPINS
   std::unique_ptr<CopyEngine> cpu_engine_;
   std::unique_ptr<GpuCopyEngine> device_engine_;  // on the first call with device buffers
-  std::unique_ptr<PoolTransport> transport_;     // after Join
+  std::unique_ptr<PoolTransport> transport_;      // after Join
 
   uint64_t calls_ = 0;
   absl::Time deadline_;                    // of the current Send or Recv

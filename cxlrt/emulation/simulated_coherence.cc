@@ -20,9 +20,8 @@ const runtime::Knob<bool> kSimStaleWriteBack(
     {"CXLRT_SIM_STALE_WRITEBACK", "",
      "For tests of the simulator: allow lets the simulated domain write back a line another host "
      "changed; otherwise that aborts naming the line (docs/coherence.md)."},
-    false, [](const char*, const std::string& text) -> absl::StatusOr<bool> {
-      return text == "allow";
-    });
+    false,
+    [](const char*, const std::string& text) -> absl::StatusOr<bool> { return text == "allow"; });
 
 using runtime::kCacheLine;
 using runtime::PoolOffset;

@@ -39,9 +39,9 @@ absl::Status MixedParts(absl::string_view key) {
 }  // namespace
 
 template <typename Item>
-std::vector<runtime::MemoryKind> Store::Impl::ItemKinds(
-    absl::Span<const Item> items, std::optional<runtime::MemoryKind> told,
-    std::vector<absl::Status>* refused) {
+std::vector<runtime::MemoryKind> Store::Impl::ItemKinds(absl::Span<const Item> items,
+                                                        std::optional<runtime::MemoryKind> told,
+                                                        std::vector<absl::Status>* refused) {
   using runtime::MemoryKind;
   const bool devices = gpu::GpuAvailable();
   if (!devices && told != MemoryKind::kGpu) return {};  // every pointer is host memory
@@ -62,10 +62,9 @@ std::vector<runtime::MemoryKind> Store::Impl::ItemKinds(
     if (told.has_value()) {
       kinds[i] = *told;
       if (devices && gpu::KindOf(part(0)) != kinds[i]) {
-        (*refused)[i] = absl::InvalidArgumentError(
-            absl::StrCat("key '", Printable(it.key), "' was said to be in ",
-                         kinds[i] == MemoryKind::kGpu ? "GPU" : "host",
-                         " memory, but its first part is not"));
+        (*refused)[i] = absl::InvalidArgumentError(absl::StrCat(
+            "key '", Printable(it.key), "' was said to be in ",
+            kinds[i] == MemoryKind::kGpu ? "GPU" : "host", " memory, but its first part is not"));
       }
     } else if (devices) {
       kinds[i] = gpu::KindOf(part(0));
@@ -87,8 +86,7 @@ template std::vector<runtime::MemoryKind> Store::Impl::ItemKinds<GetItem>(
 
 absl::StatusOr<gpu::DmaEngine*> Store::Impl::Device(void* stream) {
   if (!device_) {
-    CXLRT_ASSIGN_OR_RETURN(device_,
-                           gpu::MakeDmaEngine(c_, pool_.backend().base(), pool_.size()));
+    CXLRT_ASSIGN_OR_RETURN(device_, gpu::MakeDmaEngine(c_, pool_.backend().base(), pool_.size()));
   }
   CXLRT_RETURN_IF_ERROR(device_->StartAfter(stream));
   return device_.get();
@@ -163,10 +161,11 @@ class CopyGroups {
 // Every item is reserved, its copy submitted with its group's, and sealed
 // once its group's copies completed; the GPU's copy engine never waits for
 // the protocol. Items in host memory are put by the CPU as in BatchPut.
-std::vector<absl::Status> Store::Impl::DeviceBatchPut(
-    uint32_t ns, absl::string_view ns_name, absl::Span<const PutItem> items,
-    const std::vector<runtime::MemoryKind>& kinds, const std::vector<absl::Status>& refused,
-    void* stream) {
+std::vector<absl::Status> Store::Impl::DeviceBatchPut(uint32_t ns, absl::string_view ns_name,
+                                                      absl::Span<const PutItem> items,
+                                                      const std::vector<runtime::MemoryKind>& kinds,
+                                                      const std::vector<absl::Status>& refused,
+                                                      void* stream) {
   std::vector<absl::Status> out(items.size());
   std::lock_guard<std::mutex> lock(device_mu_);
   auto dev = Device(stream);

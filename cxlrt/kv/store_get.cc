@@ -31,8 +31,8 @@ absl::StatusOr<size_t> Store::Impl::Get(absl::string_view ns, absl::string_view 
   auto id = NamespaceId(ns, false);
   if (!id.ok()) return id.status();
   if (gpu::KindOf(dst) == runtime::MemoryKind::kGpu) {
-    return DeviceBatchGet(*id, {GetItem{key, dst, capacity, {}}},
-                          {runtime::MemoryKind::kGpu}, {})[0];
+    return DeviceBatchGet(*id, {GetItem{key, dst, capacity, {}}}, {runtime::MemoryKind::kGpu},
+                          {})[0];
   }
   const GetPart part{dst, capacity};
   return GetOne(*id, key, {&part, 1}, /*exact=*/false);

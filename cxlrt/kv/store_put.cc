@@ -35,8 +35,8 @@ absl::Status Store::Impl::Put(absl::string_view ns, absl::string_view key, const
   CXLRT_RETURN_IF_ERROR(CheckName("key", key, kMaxKeyBytes));
   CXLRT_ASSIGN_OR_RETURN(uint32_t id, NamespaceId(ns, true));
   if (gpu::KindOf(data) == runtime::MemoryKind::kGpu) {
-    return DeviceBatchPut(id, ns, {PutItem{key, data, size, {}}},
-                          {runtime::MemoryKind::kGpu}, {})[0];
+    return DeviceBatchPut(id, ns, {PutItem{key, data, size, {}}}, {runtime::MemoryKind::kGpu},
+                          {})[0];
   }
   const PutPart part{data, size};
   return PutOne(id, ns, key, {&part, 1});

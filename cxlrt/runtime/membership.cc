@@ -30,19 +30,19 @@ const Knob<int> kHostId(
       }
       return id;
     });
-const Knob<uint32_t> kSlotsPerHost(
-    {"CXLRT_SLOTS_PER_HOST", "8", "Host slots reserved for each CXLRT_HOST_ID."}, 8,
-    UintIn(1, 1024));
+const Knob<uint32_t> kSlotsPerHost({"CXLRT_SLOTS_PER_HOST", "8",
+                                    "Host slots reserved for each CXLRT_HOST_ID."},
+                                   8, UintIn(1, 1024));
 const Knob<uint32_t> kLeaseMs(
     {"CXLRT_LEASE_MS", "2000",
      "Lease of this host: others declare it dead when its heartbeat stops for this long."},
     2000, UintIn(10, 3600000));
-const Knob<uint32_t> kHeartbeatMs(
-    {"CXLRT_HEARTBEAT_MS", "100", "Period of this host's heartbeat (must be < lease / 2)."}, 100,
-    UintIn(1, 600000));
-const Knob<uint32_t> kLockTimeoutMs(
-    {"CXLRT_LOCK_TIMEOUT_MS", "10000", "Deadline for taking the pool's metadata (bakery) lock."},
-    10000, UintIn(1, 3600000));
+const Knob<uint32_t> kHeartbeatMs({"CXLRT_HEARTBEAT_MS", "100",
+                                   "Period of this host's heartbeat (must be < lease / 2)."},
+                                  100, UintIn(1, 600000));
+const Knob<uint32_t> kLockTimeoutMs({"CXLRT_LOCK_TIMEOUT_MS", "10000",
+                                     "Deadline for taking the pool's metadata (bakery) lock."},
+                                    10000, UintIn(1, 3600000));
 const KnobRule kHeartbeatBelowHalfTheLease([](const Getenv& getenv) -> absl::Status {
   absl::StatusOr<uint32_t> lease = kLeaseMs.Parse(getenv);
   absl::StatusOr<uint32_t> heartbeat = kHeartbeatMs.Parse(getenv);

@@ -22,7 +22,8 @@ const Knob<std::string> kPin(
      "allowed cores when ranks do not outnumber them), off, or a comma-separated core list."},
     "", [](const char* name, const std::string& text) -> absl::StatusOr<std::string> {
       bool list = !text.empty();
-      for (char ch : text) list = list && (std::isdigit(static_cast<unsigned char>(ch)) || ch == ',');
+      for (char ch : text)
+        list = list && (std::isdigit(static_cast<unsigned char>(ch)) || ch == ',');
       if (text != "auto" && text != "off" && !list) {
         return absl::InvalidArgumentError(absl::StrCat(
             name, "='", text, "' is not auto, off or a comma-separated list of core numbers"));

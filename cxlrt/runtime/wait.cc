@@ -10,9 +10,9 @@
 namespace cxlrt::runtime {
 namespace {
 
-const Knob<uint32_t> kWaitSpins(
-    {"CXLRT_WAIT_SPINS", "2000", "Spin iterations of a wait before it yields and then sleeps."},
-    2000, UintIn(0, 100000000));
+const Knob<uint32_t> kWaitSpins({"CXLRT_WAIT_SPINS", "2000",
+                                 "Spin iterations of a wait before it yields and then sleeps."},
+                                2000, UintIn(0, 100000000));
 
 // After spinning: this many yields (about 1 us each), then sleeps.
 constexpr uint64_t kYields = 64;

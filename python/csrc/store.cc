@@ -193,8 +193,7 @@ template <typename Item, typename Part, typename Ptr>
 std::vector<Item> PagedItems(const std::vector<std::string>& keys,
                              const std::vector<uint64_t>& blocks,
                              const std::vector<std::tuple<uintptr_t, uint64_t, size_t>>& segments,
-                             std::vector<Part>* parts,
-                             std::optional<runtime::MemoryKind>* memory) {
+                             std::vector<Part>* parts, std::optional<runtime::MemoryKind>* memory) {
   if (keys.size() != blocks.size()) {
     throw StatusError{absl::InvalidArgumentError(absl::StrCat(
         "keys and blocks differ in length (", keys.size(), " and ", blocks.size(), ")"))};

@@ -12,8 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "cxlrt/allocator/allocator.h"
-#include "cxlrt/collectives/copy_engine.h"
 #include "cxlrt/collectives/communicator.h"
+#include "cxlrt/collectives/copy_engine.h"
 #include "gtest/gtest.h"
 #include "tests/collectives/communicator_test_util.h"
 #include "tests/collectives/late_engine.h"

@@ -20,10 +20,7 @@ namespace cuda {
 
 CudaDmaEngine::CudaDmaEngine(runtime::Coherence& c, uint8_t* base,
                              std::shared_ptr<PoolRegistration> reg)
-    : c_(c),
-      base_(base),
-      reg_(std::move(reg)),
-      kernel_batches_(kCudaKvCopy.Get() == "kernel") {}
+    : c_(c), base_(base), reg_(std::move(reg)), kernel_batches_(kCudaKvCopy.Get() == "kernel") {}
 
 absl::StatusOr<std::unique_ptr<CudaDmaEngine>> CudaDmaEngine::Make(runtime::Coherence& c,
                                                                    uint8_t* base, uint64_t size) {

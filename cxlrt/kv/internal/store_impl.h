@@ -155,8 +155,8 @@ struct Store::Impl {
   // error for an item whose parts mix kinds or are not of the told kind.
   template <typename Item>
   std::vector<runtime::MemoryKind> ItemKinds(absl::Span<const Item> items,
-                                                 std::optional<runtime::MemoryKind> told,
-                                                 std::vector<absl::Status>* refused);
+                                             std::optional<runtime::MemoryKind> told,
+                                             std::vector<absl::Status>* refused);
   // The engine, its copies ordered after `stream`'s work so far (null:
   // the legacy default stream). REQUIRES: device_mu_
   absl::StatusOr<gpu::DmaEngine*> Device(void* stream);
@@ -165,10 +165,10 @@ struct Store::Impl {
                                            const std::vector<runtime::MemoryKind>& kinds,
                                            const std::vector<absl::Status>& refused,
                                            void* stream = nullptr);
-  std::vector<absl::StatusOr<size_t>> DeviceBatchGet(
-      uint32_t ns, absl::Span<const GetItem> items,
-      const std::vector<runtime::MemoryKind>& kinds, const std::vector<absl::Status>& refused,
-      void* stream = nullptr);
+  std::vector<absl::StatusOr<size_t>> DeviceBatchGet(uint32_t ns, absl::Span<const GetItem> items,
+                                                     const std::vector<runtime::MemoryKind>& kinds,
+                                                     const std::vector<absl::Status>& refused,
+                                                     void* stream = nullptr);
 
   // --- Lookup and pins (store_pins.cc) ---
   absl::StatusOr<size_t> Lookup(absl::string_view ns, absl::Span<const std::string> chain,
@@ -198,7 +198,7 @@ struct Store::Impl {
   absl::StatusOr<StoreStats> Stats();
 
   // --- State (declared in the order it is made; destroyed in reverse) ---
-  std::mutex device_mu_;                               // one device batch at a time
+  std::mutex device_mu_;                    // one device batch at a time
   std::unique_ptr<gpu::DmaEngine> device_;  // guarded by device_mu_
 
   allocator::Allocator& alloc_;
