@@ -13,8 +13,8 @@
 
 #include "bench/harness.h"
 #include "cxlrt/collectives/types.h"
+#include "cxlrt/runtime/affinity.h"
 #include "cxlrt/runtime/coherence.h"
-#include "cxlrt/runtime/pinning.h"
 #include "nlohmann/json.hpp"
 
 namespace cxlrt::bench {
@@ -120,9 +120,9 @@ int RunCeilingProbe(const CeilingOptions& o) {
     if (b == o.max_bytes) break;
   }
   const CopyLimits limits = MeasureCopyLimits(64 << 20, 5);
-  auto pins = runtime::PlanPinning(kRanks, runtime::PinSetting());
-  if (!pins.ok()) {
-    std::fprintf(stderr, "cxlrt bench ceiling: %s\n", pins.status().ToString().c_str());
+  auto plan = runtime::PlanAffinity(kRanks, runtime::AffinitySetting());
+  if (!plan.ok()) {
+    std::fprintf(stderr, "cxlrt bench ceiling: %s\n", plan.status().ToString().c_str());
     return 1;
   }
   const size_t shared_bytes = sizeof(Shared) + kRanks * 2 * 2 * o.chunk_bytes + 4096;
@@ -147,13 +147,13 @@ int RunCeilingProbe(const CeilingOptions& o) {
   const pid_t child = fork();
   if (child == 0) {
     close(pipefd[0]);
-    if (!pins->cores.empty()) (void)runtime::PinToCore(pins->cores[1]);
+    if (!plan->cores.empty()) (void)runtime::BindToCore(plan->cores[1]);
     std::vector<double> t = RunProbeRank(o, 1, sh, slots, sizes);
     const ssize_t w = write(pipefd[1], t.data(), t.size() * sizeof(double));
     _exit(!t.empty() && w == static_cast<ssize_t>(t.size() * sizeof(double)) ? 0 : 1);
   }
   close(pipefd[1]);
-  if (!pins->cores.empty()) (void)runtime::PinToCore(pins->cores[0]);
+  if (!plan->cores.empty()) (void)runtime::BindToCore(plan->cores[0]);
   std::vector<double> t0 = RunProbeRank(o, 0, sh, slots, sizes);
   if (t0.empty()) kill(child, SIGKILL);  // it stopped answering: no result to wait for
   std::vector<double> t1(sizes.size());
@@ -161,7 +161,7 @@ int RunCeilingProbe(const CeilingOptions& o) {
   close(pipefd[0]);
   int status = 0;
   waitpid(child, &status, 0);
-  // Pinning is undone for whatever this process runs next.
+  // The binding is undone for whatever this process runs next.
   cpu_set_t all;
   CPU_ZERO(&all);
   for (int c = 0; c < CPU_SETSIZE; ++c) CPU_SET(c, &all);
@@ -183,7 +183,7 @@ int RunCeilingProbe(const CeilingOptions& o) {
         "# copy limits (one thread, 64 MiB): memcpy %.2f, vector %.2f, non-temporal %.2f "
         "GB/s; two threads %.2f GB/s\n",
         limits.memcpy, limits.vector, limits.nontemporal, limits.two_threads);
-    std::printf("# pinning: %s\n", pins->why.c_str());
+    std::printf("# affinity: %s\n", plan->why.c_str());
     std::printf("#%11s %9s %7s %7s\n", "size (B)", "time (us)", "algbw", "busbw");
   }
   for (size_t i = 0; i < sizes.size(); ++i) {

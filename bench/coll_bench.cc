@@ -17,8 +17,8 @@
 #include "cxlrt/collectives/communicator.h"
 #include "cxlrt/gpu/gpu.h"
 #include "cxlrt/gpu/memory.h"
+#include "cxlrt/runtime/affinity.h"
 #include "cxlrt/runtime/membership.h"
-#include "cxlrt/runtime/pinning.h"
 #include "cxlrt/runtime/pool.h"
 #include "nlohmann/json.hpp"
 
@@ -116,7 +116,7 @@ double BoundSeconds(const Kind& k, int n, double bytes, bool in_pool, double cop
 struct Limits {
   CopyLimits copy;                                   // at 64 MiB
   std::vector<std::pair<uint64_t, double>> at_size;  // best single-thread copy per size
-  std::string pinning;
+  std::string affinity;
   double CopyAt(uint64_t bytes) const {
     for (const auto& [b, g] : at_size) {
       if (b == bytes) return g;
@@ -475,7 +475,7 @@ int RunRank(const CollBenchOptions& o, const Kind& k, DataType t, RedOp op, cons
                           {"two_thread_copy_gbps", limits.copy.two_threads},
                           {"bound_busbw_gbps", r.bound_busbw},
                           {"busbw_vs_bound", r.bound_busbw > 0 ? r.busbw[0] / r.bound_busbw : 0},
-                          {"pinning", limits.pinning},
+                          {"affinity", limits.affinity},
                           {"busbw_vs_memcpy", memcpy_gbps > 0 ? r.busbw[0] / memcpy_gbps : 0}};
       std::printf("%s\n", j.dump().c_str());
     }
@@ -488,7 +488,7 @@ int RunRank(const CollBenchOptions& o, const Kind& k, DataType t, RedOp op, cons
       "# copy limits (one thread, 64 MiB): memcpy %.2f, vector %.2f, non-temporal %.2f GB/s; "
       "two threads %.2f GB/s\n",
       limits.copy.memcpy, limits.copy.vector, limits.copy.nontemporal, limits.copy.two_threads);
-  std::printf("# pinning: %s\n", limits.pinning.c_str());
+  std::printf("# affinity: %s\n", limits.affinity.c_str());
   std::printf(
       "# bound: busbw if every byte a rank must read from peers or post for them were "
       "one copy at the best single-thread rate at that size\n");
@@ -546,9 +546,9 @@ int RunCollBench(const CollBenchOptions& o) {
   // Under a launcher: this process is one rank; the pool is shared.
   auto env = collectives::RankFromEnvironment();
   if (env.ok()) {
-    const char* core = std::getenv("CXLRT_PINNED_CORE");
-    limits.pinning = core ? absl::StrCat("by the launcher: rank ", env->rank, " on core ", core)
-                          : "by the launcher, or none";
+    const char* core = std::getenv("CXLRT_BOUND_CORE");
+    limits.affinity = core ? absl::StrCat("by the launcher: rank ", env->rank, " on core ", core)
+                           : "by the launcher, or none";
     std::string uri = o.pool.empty() ? runtime::DefaultPoolUri() : o.pool;
     if (env->rank == 0) {
       (void)runtime::Pool::Create(uri);  // kAlreadyExists is fine: a launcher made it
@@ -571,18 +571,18 @@ int RunCollBench(const CollBenchOptions& o) {
     std::fprintf(stderr, "cxlrt bench: %s\n", scratch.status().ToString().c_str());
     return 1;
   }
-  auto pins = runtime::PlanPinning(o.ranks, runtime::PinSetting());
-  if (!pins.ok()) {
-    std::fprintf(stderr, "cxlrt bench: %s\n", pins.status().ToString().c_str());
+  auto plan = runtime::PlanAffinity(o.ranks, runtime::AffinitySetting());
+  if (!plan.ok()) {
+    std::fprintf(stderr, "cxlrt bench: %s\n", plan.status().ToString().c_str());
     return 1;
   }
-  limits.pinning = pins->why;
+  limits.affinity = plan->why;
   std::fflush(nullptr);
   std::vector<pid_t> pids;
   for (int r = 0; r < o.ranks; ++r) {
     const pid_t pid = fork();
     if (pid == 0) {
-      if (!pins->cores.empty()) (void)runtime::PinToCore(pins->cores[r]);
+      if (!plan->cores.empty()) (void)runtime::BindToCore(plan->cores[r]);
       const int rc = RunRank(o, *kind, *type, *op, (*scratch)->open_uri(), o.ranks, r, limits);
       std::fflush(nullptr);
       _exit(rc);

@@ -104,8 +104,8 @@ lat = [r for r in every if r.get("latency")]
 first = next((r for r in rows if "two_thread_copy_gbps" in r), {})
 print(f"# busbw in GB/s (nccl-tests formulas). This machine, measured in the run: memcpy "
       f"{first.get('memcpy_gbps', 0):.2f}, best single-thread copy {first.get('best_copy_gbps', 0):.2f}, "
-      f"two threads {first.get('two_thread_copy_gbps', 0):.2f} GB/s (64 MiB); pinning: "
-      f"{first.get('pinning', '?')}")
+      f"two threads {first.get('two_thread_copy_gbps', 0):.2f} GB/s (64 MiB); affinity: "
+      f"{first.get('affinity', '?')}")
 print("# cxlrt: private buffers; pool: buffers in the pool (zero-copy); MPI: the better of "
       "ob1/vader and UCX per size; probe: the ceiling probe (allreduce, 2 ranks); /bound: "
       "cxlrt busbw over its traffic bound")

@@ -12,8 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "cxlrt/runtime/affinity.h"
 #include "cxlrt/runtime/log.h"
-#include "cxlrt/runtime/pinning.h"
 #include "cxlrt/runtime/pool.h"
 #include "cxlrt/runtime/status_macros.h"
 
@@ -166,9 +166,9 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& o) {
   for (const std::string& a : o.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
 
-  CXLRT_ASSIGN_OR_RETURN(runtime::PinPlan pins,
-                         runtime::PlanPinning(o.ranks, runtime::PinSetting()));
-  CXLRT_LOG(kInfo) << "cxlrt run: pinning " << pins.why;
+  CXLRT_ASSIGN_OR_RETURN(runtime::AffinityPlan affinity,
+                         runtime::PlanAffinity(o.ranks, runtime::AffinitySetting()));
+  CXLRT_LOG(kInfo) << "cxlrt run: affinity " << affinity.why;
   SignalScope signals;
   std::vector<Rank> ranks(o.ranks);
   std::vector<Stream> streams;
@@ -199,11 +199,11 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& o) {
       for (const auto& [k, v] : env) setenv(k, v.c_str(), 1);
       signal(SIGINT, SIG_DFL);
       signal(SIGTERM, SIG_DFL);
-      if (!pins.cores.empty()) {
-        if (absl::Status s = runtime::PinToCore(pins.cores[r]); !s.ok()) {
+      if (!affinity.cores.empty()) {
+        if (absl::Status s = runtime::BindToCore(affinity.cores[r]); !s.ok()) {
           WriteAll(2, absl::StrCat("cxlrt run: rank ", r, ": ", s.message(), "\n"));
         }
-        setenv("CXLRT_PINNED_CORE", absl::StrCat(pins.cores[r]).c_str(), 1);
+        setenv("CXLRT_BOUND_CORE", absl::StrCat(affinity.cores[r]).c_str(), 1);
       }
       execvp(argv[0], argv.data());
       std::string msg =

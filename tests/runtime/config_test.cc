@@ -30,32 +30,21 @@ Getenv From(const Env& env) {
 
 // A good value of each knob, other than its default.
 const Env& GoodValues() {
-  static const Env kGood = {{"CXLRT_POOL", "emu://x?size=8M"},
-                            {"CXLRT_HOST_ID", "3"},
-                            {"CXLRT_SLOTS_PER_HOST", "4"},
-                            {"CXLRT_LEASE_MS", "500"},
-                            {"CXLRT_HEARTBEAT_MS", "50"},
-                            {"CXLRT_LOCK_TIMEOUT_MS", "100"},
-                            {"CXLRT_WAIT_SPINS", "0"},
-                            {"CXLRT_SHM_DIR", "/tmp"},
-                            {"CXLRT_LOG_LEVEL", "debug"},
-                            {"CXLRT_FAULT", "pool.create.before_magic:crash"},
-                            {"CXLRT_COMM_TIMEOUT_MS", "1000"},
-                            {"CXLRT_COMM_SLOT_BYTES", "8192"},
-                            {"CXLRT_COMM_P2P_BYTES", "65536"},
-                            {"CXLRT_ALLREDUCE_ONESHOT_MAX", "0"},
-                            {"CXLRT_COMM_DEPTH", "8"},
-                            {"CXLRT_COMM_CHUNK_BYTES", "1000"},
-                            {"CXLRT_PIN", "0,1"},
-                            {"CXLRT_CPU_LEVEL", "baseline"},
-                            {"CXLRT_CUDA_REDUCE", "mapped"},
-                            {"CXLRT_CUDA_KV_COPY", "kernel"},
-                            {"CXLRT_CUDA_DOORBELL", "copy"},
-                            {"CXLRT_SIM_STALE_WRITEBACK", "allow"},
-                            {"CXLRT_TEST_BOOT_ID", "boot-2"},
-                            {"CXLRT_TORCH_ASYNC", "1"},
-                            {"CXLRT_TORCH_JIT", "1"},
-                            {"CXLRT_TORCH_BUILD_VERBOSE", "1"}};
+  static const Env kGood = {
+      {"CXLRT_POOL", "emu://x?size=8M"}, {"CXLRT_HOST_ID", "3"},
+      {"CXLRT_SLOTS_PER_HOST", "4"},     {"CXLRT_LEASE_MS", "500"},
+      {"CXLRT_HEARTBEAT_MS", "50"},      {"CXLRT_LOCK_TIMEOUT_MS", "100"},
+      {"CXLRT_WAIT_SPINS", "0"},         {"CXLRT_SHM_DIR", "/tmp"},
+      {"CXLRT_LOG_LEVEL", "debug"},      {"CXLRT_FAULT", "pool.create.before_magic:crash"},
+      {"CXLRT_COMM_TIMEOUT_MS", "1000"}, {"CXLRT_COMM_SLOT_BYTES", "8192"},
+      {"CXLRT_COMM_P2P_BYTES", "65536"}, {"CXLRT_ALLREDUCE_ONESHOT_MAX", "0"},
+      {"CXLRT_COMM_DEPTH", "8"},         {"CXLRT_COMM_CHUNK_BYTES", "1000"},
+      {"CXLRT_AFFINITY", "0,1"},         {"CXLRT_CPU_LEVEL", "baseline"},
+      {"CXLRT_CUDA_REDUCE", "mapped"},   {"CXLRT_CUDA_KV_COPY", "kernel"},
+      {"CXLRT_CUDA_DOORBELL", "copy"},   {"CXLRT_SIM_STALE_WRITEBACK", "allow"},
+      {"CXLRT_TEST_BOOT_ID", "boot-2"},  {"CXLRT_TORCH_ASYNC", "1"},
+      {"CXLRT_TORCH_JIT", "1"},          {"CXLRT_TORCH_BUILD_VERBOSE", "1"},
+  };
   return kGood;
 }
 
@@ -108,8 +97,10 @@ TEST(ConfigTest, BadValuesNameTheVariable) {
                      "CXLRT_CUDA_KV_COPY='dma' is not engine or kernel");
   CXLRT_EXPECT_ERROR(check({{"CXLRT_COMM_DEPTH", "9"}}), absl::StatusCode::kInvalidArgument,
                      "CXLRT_COMM_DEPTH='9' is not an integer in [2, 8]");
-  CXLRT_EXPECT_ERROR(check({{"CXLRT_PIN", "first"}}), absl::StatusCode::kInvalidArgument,
-                     "CXLRT_PIN='first' is not auto, off or a comma-separated list");
+  CXLRT_EXPECT_ERROR(check({{"CXLRT_AFFINITY", "first"}}), absl::StatusCode::kInvalidArgument,
+                     "CXLRT_AFFINITY='first' is not auto, off or a comma-separated list");
+  CXLRT_EXPECT_ERROR(check({{"CXLRT_PIN", "off"}}), absl::StatusCode::kInvalidArgument,
+                     "CXLRT_PIN='off': the variable is now CXLRT_AFFINITY");
   CXLRT_EXPECT_ERROR(check({{"CXLRT_FAULT", "nowhere:crash"}}), absl::StatusCode::kInvalidArgument,
                      "CXLRT_FAULT: ");
   // A rule across knobs.

@@ -1,4 +1,4 @@
-#include "cxlrt/runtime/pinning.h"
+#include "cxlrt/runtime/affinity.h"
 
 #include <sched.h>
 
@@ -16,9 +16,9 @@
 namespace cxlrt::runtime {
 namespace {
 
-const Knob<std::string> kPin(
-    {"CXLRT_PIN", "auto",
-     "Core pinning of the ranks `cxlrt run` and `cxlrt bench` start: auto (round-robin over the "
+const Knob<std::string> kAffinity(
+    {"CXLRT_AFFINITY", "auto",
+     "Core affinity of the ranks `cxlrt run` and `cxlrt bench` start: auto (round-robin over the "
      "allowed cores when ranks do not outnumber them), off, or a comma-separated core list."},
     "", [](const char* name, const std::string& text) -> absl::StatusOr<std::string> {
       bool list = !text.empty();
@@ -30,6 +30,15 @@ const Knob<std::string> kPin(
       }
       return text == "auto" ? "" : text;
     });
+
+// The variable's name before issue 26 gave "pin" one meaning (a KV pin):
+// set, it is an error at open rather than a setting silently ignored.
+const KnobRule kRenamedPin([](const Getenv& getenv) -> absl::Status {
+  const char* old = getenv("CXLRT_PIN");
+  if (old == nullptr || *old == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("CXLRT_PIN='", old, "': the variable is now CXLRT_AFFINITY (same values)"));
+});
 
 std::vector<int> AllowedCores() {
   cpu_set_t set;
@@ -44,12 +53,12 @@ std::vector<int> AllowedCores() {
 
 }  // namespace
 
-const std::string& PinSetting() { return kPin.Get(); }
+const std::string& AffinitySetting() { return kAffinity.Get(); }
 
-absl::StatusOr<PinPlan> PlanPinning(int ranks, const std::string& setting) {
-  PinPlan plan;
+absl::StatusOr<AffinityPlan> PlanAffinity(int ranks, const std::string& setting) {
+  AffinityPlan plan;
   if (setting == "off") {
-    plan.why = "off (CXLRT_PIN=off)";
+    plan.why = "off (CXLRT_AFFINITY=off)";
     return plan;
   }
   const std::vector<int> allowed = AllowedCores();
@@ -68,8 +77,8 @@ absl::StatusOr<PinPlan> PlanPinning(int ranks, const std::string& setting) {
       int core = -1;
       if (!absl::SimpleAtoi(part, &core) ||
           std::find(allowed.begin(), allowed.end(), core) == allowed.end()) {
-        return absl::InvalidArgumentError(absl::StrCat("CXLRT_PIN='", setting, "': core '", part,
-                                                       "' is not one this process may use (",
+        return absl::InvalidArgumentError(absl::StrCat("CXLRT_AFFINITY='", setting, "': core '",
+                                                       part, "' is not one this process may use (",
                                                        absl::StrJoin(allowed, ","), ")"));
       }
       plan.cores.push_back(core);
@@ -84,12 +93,12 @@ absl::StatusOr<PinPlan> PlanPinning(int ranks, const std::string& setting) {
   return plan;
 }
 
-absl::Status PinToCore(int core) {
+absl::Status BindToCore(int core) {
   cpu_set_t set;
   CPU_ZERO(&set);
   CPU_SET(core, &set);
   if (sched_setaffinity(0, sizeof(set), &set) != 0) {
-    return absl::InternalError(absl::StrCat("pinning to core ", core, ": ", strerror(errno)));
+    return absl::InternalError(absl::StrCat("binding to core ", core, ": ", strerror(errno)));
   }
   return absl::OkStatus();
 }

@@ -1,6 +1,6 @@
-// Core pinning plans (cxlrt/runtime/pinning.h): auto, off, lists, and ranks that
+// Core affinity plans (cxlrt/runtime/affinity.h): auto, off, lists, and ranks that
 // outnumber the allowed cores.
-#include "cxlrt/runtime/pinning.h"
+#include "cxlrt/runtime/affinity.h"
 
 #include <sched.h>
 
@@ -26,38 +26,38 @@ int FirstAllowedCore() {
   return -1;
 }
 
-TEST(PinningTest, AutoPinsEachRankToItsOwnAllowedCore) {
+TEST(AffinityTest, AutoPinsEachRankToItsOwnAllowedCore) {
   const int cores = AllowedCores();
-  auto plan = PlanPinning(cores, "");
+  auto plan = PlanAffinity(cores, "");
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_EQ(plan->cores.size(), static_cast<size_t>(cores));
   for (int r = 1; r < cores; ++r) EXPECT_LT(plan->cores[r - 1], plan->cores[r]);
-  EXPECT_EQ(PlanPinning(cores, "auto")->cores, plan->cores);
+  EXPECT_EQ(PlanAffinity(cores, "auto")->cores, plan->cores);
 }
 
-TEST(PinningTest, AutoIsOffWhenRanksOutnumberCores) {
-  auto plan = PlanPinning(AllowedCores() + 1, "");
+TEST(AffinityTest, AutoIsOffWhenRanksOutnumberCores) {
+  auto plan = PlanAffinity(AllowedCores() + 1, "");
   ASSERT_TRUE(plan.ok());
   EXPECT_TRUE(plan->cores.empty());
   EXPECT_NE(plan->why.find("off"), std::string::npos) << plan->why;
 }
 
-TEST(PinningTest, OffAndListsAreFollowedAndBadCoresRefused) {
-  EXPECT_TRUE(PlanPinning(2, "off")->cores.empty());
+TEST(AffinityTest, OffAndListsAreFollowedAndBadCoresRefused) {
+  EXPECT_TRUE(PlanAffinity(2, "off")->cores.empty());
   const int c = FirstAllowedCore();
-  auto plan = PlanPinning(3, std::to_string(c));  // a list is reused round-robin
+  auto plan = PlanAffinity(3, std::to_string(c));  // a list is reused round-robin
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->cores, (std::vector<int>{c, c, c}));
-  auto bad = PlanPinning(1, std::to_string(CPU_SETSIZE + 5));
+  auto bad = PlanAffinity(1, std::to_string(CPU_SETSIZE + 5));
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(PlanPinning(1, "x,1").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PlanAffinity(1, "x,1").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(PinningTest, PinToCorePinsTheCallingProcess) {
+TEST(AffinityTest, BindToCoreBindsTheCallingProcess) {
   cpu_set_t before;
   sched_getaffinity(0, sizeof(before), &before);
   const int c = FirstAllowedCore();
-  ASSERT_TRUE(PinToCore(c).ok());
+  ASSERT_TRUE(BindToCore(c).ok());
   cpu_set_t now;
   sched_getaffinity(0, sizeof(now), &now);
   EXPECT_EQ(CPU_COUNT(&now), 1);
