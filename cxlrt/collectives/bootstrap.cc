@@ -91,7 +91,7 @@ Communicator::Impl::Impl(allocator::Allocator& alloc, std::string name, int nran
   // Slots set nowhere: on a machine with a GPU, those that make ChunkBytes
   // cut GPU-sized chunks (rank 0's choice holds for every rank).
   if (!options.slot_bytes && !kCommSlotBytes.IsSet() && gpu::GpuAvailable()) {
-    options_.slot_bytes = algorithms::kDeviceSlotBytes;
+    options_.slot_bytes = algorithms::kGpuSlotBytes;
   }
   if (options_.p2p_bytes == 0) options_.p2p_bytes = DefaultP2pBytes(pool_.size(), nranks);
   options_.slot_bytes = RoundUp(options_.slot_bytes, 64);

@@ -10,7 +10,7 @@
 namespace cxlrt::collectives {
 
 absl::Status Communicator::Impl::DrainEngines(absl::Time deadline) {
-  for (CopyEngine* e : {options_.engine, static_cast<CopyEngine*>(device_engine_.get())}) {
+  for (CopyEngine* e : {options_.engine, static_cast<CopyEngine*>(gpu_engine_.get())}) {
     if (e == nullptr) continue;
     if (absl::Status s = e->Drain(deadline); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("rank ", rank_, " of ", name_, ": the ", e->name(),
@@ -44,39 +44,39 @@ absl::StatusOr<CopyEngine*> Communicator::Impl::EngineFor(
     const char* what, std::initializer_list<const void*> buffers, void* stream, bool start) {
   if (options_.engine) return options_.engine;
   // Pool buffers are reachable by either engine; the others decide.
-  const void* device = nullptr;
+  const void* gpu_buffer = nullptr;
   const void* host = nullptr;
   for (const void* b : buffers) {
     if (b == nullptr || InPool(b, 1)) continue;
-    (gpu::KindOf(b) == runtime::MemoryKind::kGpu ? device : host) = b;
+    (gpu::KindOf(b) == runtime::MemoryKind::kGpu ? gpu_buffer : host) = b;
   }
-  if (device == nullptr) {
+  if (gpu_buffer == nullptr) {
     if (stream != nullptr) CXLRT_RETURN_IF_ERROR(gpu::StreamSynchronize(stream));
     return cpu_engine_.get();
   }
   if (host != nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, " on rank ", rank_, " of ", name_, ": buffer ",
-        absl::Hex(reinterpret_cast<uintptr_t>(device)), " is GPU memory but ",
+        absl::Hex(reinterpret_cast<uintptr_t>(gpu_buffer)), " is GPU memory but ",
         absl::Hex(reinterpret_cast<uintptr_t>(host)),
         " is host memory outside the pool; give a call's buffers in one kind (or host buffers "
         "from Allocate)"));
   }
-  if (!device_engine_) {
+  if (!gpu_engine_) {
     auto e = MakeGpuCopyEngine(c_, pool_.backend().base(), pool_.size());
     if (!e.ok()) {
       return absl::Status(e.status().code(),
                           absl::StrCat(what, " on rank ", rank_, " of ", name_,
                                        " with GPU buffers: ", e.status().message()));
     }
-    device_engine_ = *std::move(e);
+    gpu_engine_ = *std::move(e);
   }
-  if (start) CXLRT_RETURN_IF_ERROR(device_engine_->StartAfter(stream));
-  return device_engine_.get();
+  if (start) CXLRT_RETURN_IF_ERROR(gpu_engine_->StartAfter(stream));
+  return gpu_engine_.get();
 }
 
 absl::Status Communicator::Impl::EndOnStream(CopyEngine* engine, void* stream) {
-  GpuCopyEngine* dev = DeviceOf(engine);
+  GpuCopyEngine* dev = GpuOf(engine);
   return dev ? dev->FinishBefore(stream) : absl::OkStatus();
 }
 

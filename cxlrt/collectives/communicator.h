@@ -77,7 +77,7 @@ struct CommOptions {
   // outlive the communicator.
   CopyEngine* engine = nullptr;
   // NCCL's model: a collective is queued and returns at once; a proxy
-  // thread of the communicator runs the calls in order. A device call's
+  // thread of the communicator runs the calls in order. A GPU call's
   // stream waits (on the GPU) for it; host buffers are the caller's again
   // after Synchronize. Errors reach the next call and Synchronize /
   // AsyncError. Barrier, Send, Recv, Allocate, Free, Abort and Destroy
@@ -127,7 +127,7 @@ class Communicator {
   // then moves them with the CUDA engine (DMA to and from the pool,
   // reductions on the GPU). Every non-pool buffer of one call must be of
   // one kind; ranks may differ. `stream` (a cudaStream_t; null: the legacy
-  // default stream) orders a device call: it starts after the work enqueued
+  // default stream) orders a GPU call: it starts after the work enqueued
   // on the stream before it, and work enqueued after it sees the result.
   // The protocol runs on the calling thread, which returns once the result
   // is in place (docs/gpu.md, "Streams"). With host buffers a non-null

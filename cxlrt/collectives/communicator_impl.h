@@ -144,14 +144,14 @@ struct Communicator::Impl {
   absl::Status Synchronize();
   absl::Status AsyncError() const;
   // The engine for a call over `buffers`: the options' engine, else the
-  // CUDA engine when one of them is device memory (made on first use), else
-  // the CPU engine. Orders a device engine after `stream`.
+  // CUDA engine when one of them is GPU memory (made on first use), else
+  // the CPU engine. Orders a GPU engine after `stream`.
   absl::StatusOr<CopyEngine*> EngineFor(const char* what,
                                         std::initializer_list<const void*> buffers, void* stream,
                                         bool start = true);
-  // `engine` as the device engine, or null when it is another.
-  GpuCopyEngine* DeviceOf(CopyEngine* engine) const {
-    return engine != nullptr && engine == device_engine_.get() ? device_engine_.get() : nullptr;
+  // `engine` as the GPU engine, or null when it is another.
+  GpuCopyEngine* GpuOf(CopyEngine* engine) const {
+    return engine != nullptr && engine == gpu_engine_.get() ? gpu_engine_.get() : nullptr;
   }
   // After a call on `engine`: orders `stream` after it.
   absl::Status EndOnStream(CopyEngine* engine, void* stream);
@@ -214,8 +214,8 @@ struct Communicator::Impl {
   std::unique_ptr<PeerWatch> watch_;
   int spins_ = -1;  // spins before a wait yields; -1: CXLRT_WAIT_SPINS
   std::unique_ptr<CopyEngine> cpu_engine_;
-  std::unique_ptr<GpuCopyEngine> device_engine_;  // on the first call with device buffers
-  std::unique_ptr<PoolTransport> transport_;      // after Join
+  std::unique_ptr<GpuCopyEngine> gpu_engine_;  // on the first call with GPU buffers
+  std::unique_ptr<PoolTransport> transport_;   // after Join
 
   uint64_t calls_ = 0;
   absl::Time deadline_;                    // of the current Send or Recv
@@ -224,7 +224,7 @@ struct Communicator::Impl {
   bool destroyed_ = false;
   // Asynchronous mode: the proxy thread (made on the first call). Declared
   // last: it is joined before the engines and the transport go.
-  std::atomic<GpuCopyEngine*> device_done_{nullptr};  // the engine the proxy reports to
+  std::atomic<GpuCopyEngine*> gpu_done_{nullptr};  // the engine the proxy reports to
   std::unique_ptr<StreamProxy> proxy_;
   bool made_block_ = false;  // rank 0 made the block (frees it if joining fails)
 };
@@ -251,17 +251,17 @@ absl::Status Communicator::Impl::Run(CollKind kind, DataType type, RedOp op, siz
     CXLRT_RETURN_IF_ERROR(UsableAfter(AsyncError()));
     CXLRT_ASSIGN_OR_RETURN(CopyEngine * engine,
                            EngineFor(CollKindName(kind), {send, recv}, stream, /*start=*/false));
-    GpuCopyEngine* dev = DeviceOf(engine);
+    GpuCopyEngine* dev = GpuOf(engine);
     uint64_t mark = 0;
     if (dev) {
       CXLRT_ASSIGN_OR_RETURN(mark, dev->Mark(stream));
     }
     if (!proxy_) {
       proxy_ = std::make_unique<StreamProxy>([this](uint64_t seq) {
-        if (GpuCopyEngine* d = device_done_.load(std::memory_order_acquire)) d->SetDone(seq);
+        if (GpuCopyEngine* d = gpu_done_.load(std::memory_order_acquire)) d->SetDone(seq);
       });
     }
-    if (dev) device_done_.store(dev, std::memory_order_release);
+    if (dev) gpu_done_.store(dev, std::memory_order_release);
     const uint64_t seq = proxy_->Enqueue([=, this]() -> absl::Status {
       CXLRT_RETURN_IF_ERROR(Usable());
       if (dev) CXLRT_RETURN_IF_ERROR(dev->StartAfterMark(mark));

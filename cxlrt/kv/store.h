@@ -112,7 +112,7 @@ struct BatchOptions {
   // whose first buffer is of another kind is kInvalidArgument, GPU memory
   // where no GPU is usable kUnavailable. The rest are taken to be of it.
   std::optional<runtime::MemoryKind> memory;
-  // The stream (a cudaStream_t) whose work so far a device batch's copies
+  // The stream (a cudaStream_t) whose work so far a GPU batch's copies
   // start after: the producer's, when it wrote the pages on a non-blocking
   // stream, which the legacy default stream (null, the default) does not
   // wait for. Put and Get, and host batches, order after the legacy stream

@@ -23,7 +23,7 @@ namespace cxlrt::kv {
 using kv_internal::CheckItem;
 using kv_internal::Copies;
 using kv_internal::IntoBlock;
-using kv_internal::kDeviceCopyDeadline;
+using kv_internal::kGpuCopyDeadline;
 using kv_internal::OutOfBlock;
 using kv_internal::PartsOf;
 using kv_internal::Printable;
@@ -43,11 +43,11 @@ std::vector<runtime::MemoryKind> Store::Impl::ItemKinds(absl::Span<const Item> i
                                                         std::optional<runtime::MemoryKind> told,
                                                         std::vector<absl::Status>* refused) {
   using runtime::MemoryKind;
-  const bool devices = gpu::GpuAvailable();
-  if (!devices && told != MemoryKind::kGpu) return {};  // every pointer is host memory
+  const bool gpu_usable = gpu::GpuAvailable();
+  if (!gpu_usable && told != MemoryKind::kGpu) return {};  // every pointer is host memory
   std::vector<MemoryKind> kinds(items.size(), MemoryKind::kHost);
   refused->assign(items.size(), absl::OkStatus());
-  bool device_path = false;
+  bool gpu_path = false;
   for (size_t i = 0; i < items.size(); ++i) {
     const Item& it = items[i];
     auto part = [&](size_t j) -> const void* {
@@ -61,20 +61,20 @@ std::vector<runtime::MemoryKind> Store::Impl::ItemKinds(absl::Span<const Item> i
     const size_t n = it.parts.empty() ? 1 : it.parts.size();
     if (told.has_value()) {
       kinds[i] = *told;
-      if (devices && gpu::KindOf(part(0)) != kinds[i]) {
+      if (gpu_usable && gpu::KindOf(part(0)) != kinds[i]) {
         (*refused)[i] = absl::InvalidArgumentError(absl::StrCat(
             "key '", Printable(it.key), "' was said to be in ",
             kinds[i] == MemoryKind::kGpu ? "GPU" : "host", " memory, but its first part is not"));
       }
-    } else if (devices) {
+    } else if (gpu_usable) {
       kinds[i] = gpu::KindOf(part(0));
       for (size_t j = 1; j < n && (*refused)[i].ok(); ++j) {
         if (gpu::KindOf(part(j)) != kinds[i]) (*refused)[i] = MixedParts(it.key);
       }
     }
-    device_path = device_path || kinds[i] == MemoryKind::kGpu || !(*refused)[i].ok();
+    gpu_path = gpu_path || kinds[i] == MemoryKind::kGpu || !(*refused)[i].ok();
   }
-  if (!device_path) kinds.clear();
+  if (!gpu_path) kinds.clear();
   return kinds;
 }
 
@@ -84,23 +84,23 @@ template std::vector<runtime::MemoryKind> Store::Impl::ItemKinds<PutItem>(
 template std::vector<runtime::MemoryKind> Store::Impl::ItemKinds<GetItem>(
     absl::Span<const GetItem>, std::optional<runtime::MemoryKind>, std::vector<absl::Status>*);
 
-absl::StatusOr<gpu::DmaEngine*> Store::Impl::Device(void* stream) {
-  if (!device_) {
-    CXLRT_ASSIGN_OR_RETURN(device_, gpu::MakeDmaEngine(c_, pool_.backend().base(), pool_.size()));
+absl::StatusOr<gpu::DmaEngine*> Store::Impl::Dma(void* stream) {
+  if (!dma_) {
+    CXLRT_ASSIGN_OR_RETURN(dma_, gpu::MakeDmaEngine(c_, pool_.backend().base(), pool_.size()));
   }
-  CXLRT_RETURN_IF_ERROR(device_->StartAfter(stream));
-  return device_.get();
+  CXLRT_RETURN_IF_ERROR(dma_->StartAfter(stream));
+  return dma_.get();
 }
 
 namespace {
 
-// Device copies of a batch go out in groups of about this many bytes: one
+// GPU copies of a batch go out in groups of about this many bytes: one
 // submission each (CopyBatch), a few in flight, so that the GPU's copy
 // engine is busy while the CPU seals (or checks) the group before.
 constexpr uint64_t kGroupBytes = 8 << 20;
 constexpr size_t kGroupsInFlight = 3;
 
-// A batch's device copies, in groups: Add queues an item's copy, a full
+// A batch's GPU copies, in groups: Add queues an item's copy, a full
 // group goes out as one CopyBatch, and `done(items, status)` runs for each
 // group, in order, once its copies completed (or failed). Flush sends the
 // last group and waits for all.
@@ -143,7 +143,7 @@ class CopyGroups {
     if (flying_.size() >= kGroupsInFlight) FinishOne();
   }
   void FinishOne() {
-    const absl::Status st = engine_.Wait(flying_.front().ticket, absl::Now() + kDeviceCopyDeadline);
+    const absl::Status st = engine_.Wait(flying_.front().ticket, absl::Now() + kGpuCopyDeadline);
     std::atomic_thread_fence(std::memory_order_acquire);  // the seals after the bytes
     done_(flying_.front().items, st);
     flying_.pop_front();
@@ -161,14 +161,14 @@ class CopyGroups {
 // Every item is reserved, its copy submitted with its group's, and sealed
 // once its group's copies completed; the GPU's copy engine never waits for
 // the protocol. Items in host memory are put by the CPU as in BatchPut.
-std::vector<absl::Status> Store::Impl::DeviceBatchPut(uint32_t ns, absl::string_view ns_name,
-                                                      absl::Span<const PutItem> items,
-                                                      const std::vector<runtime::MemoryKind>& kinds,
-                                                      const std::vector<absl::Status>& refused,
-                                                      void* stream) {
+std::vector<absl::Status> Store::Impl::GpuBatchPut(uint32_t ns, absl::string_view ns_name,
+                                                   absl::Span<const PutItem> items,
+                                                   const std::vector<runtime::MemoryKind>& kinds,
+                                                   const std::vector<absl::Status>& refused,
+                                                   void* stream) {
   std::vector<absl::Status> out(items.size());
-  std::lock_guard<std::mutex> lock(device_mu_);
-  auto dev = Device(stream);
+  std::lock_guard<std::mutex> lock(gpu_mu_);
+  auto dev = Dma(stream);
   struct Pending {
     size_t item;
     Reserved r;
@@ -227,12 +227,12 @@ std::vector<absl::Status> Store::Impl::DeviceBatchPut(uint32_t ns, absl::string_
 // group's copies are done, each item's seal is checked again. An item
 // whose entry changed meanwhile (evicted, its block reused), a miss, or an
 // entry being evicted is read on its own, as Get does.
-std::vector<absl::StatusOr<size_t>> Store::Impl::DeviceBatchGet(
+std::vector<absl::StatusOr<size_t>> Store::Impl::GpuBatchGet(
     uint32_t ns, absl::Span<const GetItem> items, const std::vector<runtime::MemoryKind>& kinds,
     const std::vector<absl::Status>& refused, void* stream) {
   std::vector<absl::StatusOr<size_t>> out(items.size(), absl::UnknownError("not run"));
-  std::lock_guard<std::mutex> lock(device_mu_);
-  auto dev = Device(stream);
+  std::lock_guard<std::mutex> lock(gpu_mu_);
+  auto dev = Dma(stream);
   struct Pending {
     size_t item;
     uint32_t partition, index;

@@ -19,7 +19,7 @@ namespace cxlrt::kv {
 using kv_internal::CheckItem;
 using kv_internal::CheckName;
 using kv_internal::Copies;
-using kv_internal::kDeviceCopyDeadline;
+using kv_internal::kGpuCopyDeadline;
 using kv_internal::OutOfBlock;
 using kv_internal::PartsOf;
 using kv_internal::Printable;
@@ -31,8 +31,7 @@ absl::StatusOr<size_t> Store::Impl::Get(absl::string_view ns, absl::string_view 
   auto id = NamespaceId(ns, false);
   if (!id.ok()) return id.status();
   if (gpu::KindOf(dst) == runtime::MemoryKind::kGpu) {
-    return DeviceBatchGet(*id, {GetItem{key, dst, capacity, {}}}, {runtime::MemoryKind::kGpu},
-                          {})[0];
+    return GpuBatchGet(*id, {GetItem{key, dst, capacity, {}}}, {runtime::MemoryKind::kGpu}, {})[0];
   }
   const GetPart part{dst, capacity};
   return GetOne(*id, key, {&part, 1}, /*exact=*/false);
@@ -45,7 +44,7 @@ std::vector<absl::StatusOr<size_t>> Store::Impl::BatchGet(absl::string_view ns,
   auto id = NamespaceId(ns, false);
   std::vector<absl::Status> refused;
   if (auto kinds = ItemKinds(items, options.memory, &refused); id.ok() && !kinds.empty()) {
-    return DeviceBatchGet(*id, items, kinds, refused, options.stream);
+    return GpuBatchGet(*id, items, kinds, refused, options.stream);
   }
   uint64_t bytes = 0;
   for (const GetItem& it : items) {
@@ -115,7 +114,7 @@ absl::StatusOr<size_t> Store::Impl::GetOne(uint32_t ns, absl::string_view key,
       c_.Invalidate(e.block, e.value_size);
       const auto t = dev->CopyBatch(/*to_pool=*/false, c.dsts.data(), c.srcs.data(), c.sizes.data(),
                                     c.dsts.size());
-      CXLRT_RETURN_IF_ERROR(dev->Wait(t, absl::Now() + kDeviceCopyDeadline));
+      CXLRT_RETURN_IF_ERROR(dev->Wait(t, absl::Now() + kGpuCopyDeadline));
     } else {
       for (size_t i = 0; i < c.dsts.size(); ++i) {
         c_.CopyFromPoolStreaming(c.dsts[i], static_cast<const uint8_t*>(c.srcs[i]) - base,

@@ -35,8 +35,7 @@ absl::Status Store::Impl::Put(absl::string_view ns, absl::string_view key, const
   CXLRT_RETURN_IF_ERROR(CheckName("key", key, kMaxKeyBytes));
   CXLRT_ASSIGN_OR_RETURN(uint32_t id, NamespaceId(ns, true));
   if (gpu::KindOf(data) == runtime::MemoryKind::kGpu) {
-    return DeviceBatchPut(id, ns, {PutItem{key, data, size, {}}}, {runtime::MemoryKind::kGpu},
-                          {})[0];
+    return GpuBatchPut(id, ns, {PutItem{key, data, size, {}}}, {runtime::MemoryKind::kGpu}, {})[0];
   }
   const PutPart part{data, size};
   return PutOne(id, ns, key, {&part, 1});
@@ -49,7 +48,7 @@ std::vector<absl::Status> Store::Impl::BatchPut(absl::string_view ns,
   auto id = NamespaceId(ns, true);
   std::vector<absl::Status> refused;
   if (auto kinds = ItemKinds(items, options.memory, &refused); id.ok() && !kinds.empty()) {
-    return DeviceBatchPut(*id, ns, items, kinds, refused, options.stream);
+    return GpuBatchPut(*id, ns, items, kinds, refused, options.stream);
   }
   uint64_t bytes = 0;
   for (const PutItem& it : items) {

@@ -68,7 +68,7 @@ struct Call {
 
 // Slots at least this large mark a communicator of GPU ranks: ChunkBytes
 // then cuts large chunks (cxlrt/collectives/gpu_engine.h, docs/gpu.md).
-inline constexpr uint64_t kDeviceSlotBytes = 4 << 20;
+inline constexpr uint64_t kGpuSlotBytes = 4 << 20;
 
 // Bytes of one chunk of a rank's contribution for a call whose largest
 // contribution per rank is `bytes`, split into `pieces` pieces per post

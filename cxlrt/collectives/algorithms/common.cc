@@ -31,7 +31,7 @@ absl::Status PeerSources(Call& c, uint64_t s, const void* own, size_t offset, si
   return absl::OkStatus();
 }
 
-// Two posts ahead keep a CPU pipeline busy; a device engine's copies and
+// Two posts ahead keep a CPU pipeline busy; a GPU engine's copies and
 // kernels complete tens of microseconds after they are issued, so it runs
 // as far ahead as the ring allows (docs/gpu.md, "Chunks").
 size_t Call::ahead() const {
@@ -46,7 +46,7 @@ size_t ChunkBytes(const Call& c, CollKind kind, size_t bytes, int pieces) {
   // before and the next one's copy overlap; past 8 MiB, where every copy
   // runs from memory, 256 KiB chunks.
   size_t chunk = c.chunk_override;
-  if (chunk == 0 && c.t.slot_bytes() >= kDeviceSlotBytes) {
+  if (chunk == 0 && c.t.slot_bytes() >= kGpuSlotBytes) {
     // A communicator of GPU ranks (slots of 4 MiB or more, the default when
     // rank 0 has a GPU): every chunk costs a DMA, an event and a kernel of
     // tens of microseconds each, so chunks are an eighth of the message, 1

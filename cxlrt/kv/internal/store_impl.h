@@ -148,27 +148,27 @@ struct Store::Impl {
                                 bool exact, gpu::DmaEngine* dev = nullptr);
 
   // --- GPU memory (store_batch.cc) ---
-  // docs/gpu.md, "KV blocks": batches whose buffers are device memory run
+  // docs/gpu.md, "KV blocks": batches whose buffers are GPU memory run
   // here, their copies pipelined on the CUDA engine.
   // The memory kind of each item (`told`, or of its first part); empty
-  // when no item is device memory and none is refused. `refused` gets an
+  // when no item is GPU memory and none is refused. `refused` gets an
   // error for an item whose parts mix kinds or are not of the told kind.
   template <typename Item>
   std::vector<runtime::MemoryKind> ItemKinds(absl::Span<const Item> items,
                                              std::optional<runtime::MemoryKind> told,
                                              std::vector<absl::Status>* refused);
   // The engine, its copies ordered after `stream`'s work so far (null:
-  // the legacy default stream). REQUIRES: device_mu_
-  absl::StatusOr<gpu::DmaEngine*> Device(void* stream);
-  std::vector<absl::Status> DeviceBatchPut(uint32_t ns, absl::string_view ns_name,
-                                           absl::Span<const PutItem> items,
-                                           const std::vector<runtime::MemoryKind>& kinds,
-                                           const std::vector<absl::Status>& refused,
-                                           void* stream = nullptr);
-  std::vector<absl::StatusOr<size_t>> DeviceBatchGet(uint32_t ns, absl::Span<const GetItem> items,
-                                                     const std::vector<runtime::MemoryKind>& kinds,
-                                                     const std::vector<absl::Status>& refused,
-                                                     void* stream = nullptr);
+  // the legacy default stream). REQUIRES: gpu_mu_
+  absl::StatusOr<gpu::DmaEngine*> Dma(void* stream);
+  std::vector<absl::Status> GpuBatchPut(uint32_t ns, absl::string_view ns_name,
+                                        absl::Span<const PutItem> items,
+                                        const std::vector<runtime::MemoryKind>& kinds,
+                                        const std::vector<absl::Status>& refused,
+                                        void* stream = nullptr);
+  std::vector<absl::StatusOr<size_t>> GpuBatchGet(uint32_t ns, absl::Span<const GetItem> items,
+                                                  const std::vector<runtime::MemoryKind>& kinds,
+                                                  const std::vector<absl::Status>& refused,
+                                                  void* stream = nullptr);
 
   // --- Lookup and pins (store_pins.cc) ---
   absl::StatusOr<size_t> Lookup(absl::string_view ns, absl::Span<const std::string> chain,
@@ -198,8 +198,8 @@ struct Store::Impl {
   absl::StatusOr<StoreStats> Stats();
 
   // --- State (declared in the order it is made; destroyed in reverse) ---
-  std::mutex device_mu_;                    // one device batch at a time
-  std::unique_ptr<gpu::DmaEngine> device_;  // guarded by device_mu_
+  std::mutex gpu_mu_;                    // one GPU batch at a time
+  std::unique_ptr<gpu::DmaEngine> dma_;  // guarded by gpu_mu_
 
   allocator::Allocator& alloc_;
   runtime::Pool& pool_;

@@ -33,7 +33,7 @@ inline constexpr uint64_t kStateTombstone = static_cast<uint64_t>(kv::EntryState
 // Gets and lookups publish the reader counters every this many reads.
 inline constexpr uint64_t kPublishEvery = 64;
 // How long a batch waits for its GPU copies before it reports them failed.
-inline constexpr absl::Duration kDeviceCopyDeadline = absl::Seconds(60);
+inline constexpr absl::Duration kGpuCopyDeadline = absl::Seconds(60);
 
 inline absl::Status CheckName(absl::string_view what, absl::string_view s, size_t max) {
   if (s.empty()) return absl::InvalidArgumentError(absl::StrCat("the ", what, " is empty"));
