@@ -14,9 +14,10 @@
 // share goes, in reverse order: the allocator closes (this host's private
 // blocks are reclaimed), the host detaches, the pool is unmapped.
 //
-// Thread-safety: a Host and its copies may be used from any thread. What it
-// makes follows its own class's rules (a Store: any thread; a
-// Communicator: one thread at a time).
+// Thread-safety: copies of a Host may be used from any threads at once; one
+// Host object, like a std::shared_ptr, must not be closed (Close, assigned
+// to) while another thread uses it. What it makes follows its own class's
+// rules (a Store: any thread; a Communicator: one thread at a time).
 #pragma once
 
 #include <memory>

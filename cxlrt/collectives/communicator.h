@@ -48,7 +48,9 @@ using runtime::PoolOffset;
 class CopyEngine;  // copy_engine.h (not installed: engines are made in the tree)
 
 // A field left nullopt takes its knob (cxlrt/collectives/comm_knobs.h), read
-// once per process; README.md lists the knobs and their defaults.
+// once per process; README.md lists the knobs and their defaults. A value,
+// 0 included, is taken as given, with the meaning the knob's value would
+// have (before issue 26, 0 meant "the environment"; now only nullopt does).
 struct CommOptions {
   // Every wait of a call gives up after this (kDeadlineExceeded); must be
   // positive. nullopt: CXLRT_COMM_TIMEOUT_MS, else 60 s.

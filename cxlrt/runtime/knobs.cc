@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <mutex>
+#include <type_traits>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -36,37 +37,43 @@ const char* KnobSourceName(KnobSource source) {
   return source == KnobSource::kEnvironment ? "environment" : "default";
 }
 
-KnobBase::KnobBase(const KnobInfo& info) : info_(info) {
+// Knobs live as long as the process: a static destructor that runs after
+// theirs would otherwise read a destroyed knob.
+static_assert(std::is_trivially_destructible_v<Knob<std::string>>);
+static_assert(std::is_trivially_destructible_v<Knob<uint32_t>>);
+static_assert(std::is_trivially_destructible_v<KnobRule>);
+
+KnobBase::KnobBase(const KnobInfo& info) : info_(info), loaded_(new Loaded) {
   Registry& r = GetRegistry();
   std::lock_guard<std::mutex> lock(r.mu);
   r.knobs.push_back(this);
 }
 
-KnobBase::~KnobBase() {
+void KnobBase::Unregister() const {
   Registry& r = GetRegistry();
   std::lock_guard<std::mutex> lock(r.mu);
   r.knobs.erase(std::remove(r.knobs.begin(), r.knobs.end(), this), r.knobs.end());
 }
 
 void KnobBase::LoadOnce() const {
-  std::call_once(once_, [this] {
-    if (const char* v = std::getenv(info_.name); v != nullptr && *v != 0) text_ = v;
-    status_ = Load(text_);
+  std::call_once(loaded_->once, [this] {
+    if (const char* v = std::getenv(info_.name); v != nullptr && *v != 0) loaded_->text = v;
+    loaded_->status = Load(loaded_->text);
   });
 }
 
 const std::optional<std::string>& KnobBase::text() const {
   LoadOnce();
-  return text_;
+  return loaded_->text;
 }
 
 const absl::Status& KnobBase::status() const {
   LoadOnce();
-  return status_;
+  return loaded_->status;
 }
 
 KnobRule::KnobRule(std::function<absl::Status(const Getenv& getenv)> check)
-    : check_(std::move(check)) {
+    : check_(new std::function<absl::Status(const Getenv&)>(std::move(check))) {
   Registry& r = GetRegistry();
   std::lock_guard<std::mutex> lock(r.mu);
   r.rules.push_back(this);

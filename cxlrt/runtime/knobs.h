@@ -14,14 +14,21 @@
 // A knob reads the environment once, at its first use; an empty variable is
 // unset. A bad value never becomes a silent default: Get() then returns the
 // default, and ConfigStatus() (which Pool::Create and Pool::Open return)
-// names the variable and its value.
+// names the variable and its value. ConfigStatus() checks the knobs this
+// program links: a static link leaves out a file nothing references, and
+// with it knobs the program never reads (a KV-only program does not check
+// CXLRT_COMM_DEPTH); `cxlrt doctor` links every layer and checks them all.
 //
 // Options structs (AttachOptions, CommOptions, ...) spell "unset" one way:
 // a field a knob can set is a std::optional, and nullopt takes the knob.
 //
 // Thread-safe: knobs are constructed during static initialisation and never
-// destroyed; Get() may be called from any thread (and from another static
-// initialiser, for a knob defined earlier in the same file).
+// destroyed (Knob and KnobRule are trivially destructible, their state on
+// the heap), so a static destructor that runs after main, such as a
+// cleanup guard that destroys a pool, still reads every knob's value. Get()
+// may be called from any thread (and from another static initialiser, for
+// a knob defined earlier in the same file). A test's own knob leaves the
+// registry with Unregister().
 #pragma once
 
 #include <cstdint>
@@ -81,70 +88,77 @@ class KnobBase {
   const absl::Status& status() const;
   // Checks this knob's value in `getenv` without touching the process's.
   virtual absl::Status Check(const Getenv& getenv) const = 0;
+  // Leaves the registry: for a test's own knob, before it goes out of
+  // scope (a knob at namespace scope never does).
+  void Unregister() const;
 
  protected:
   explicit KnobBase(const KnobInfo& info);
-  // Leaves the registry (a knob at namespace scope never does; a test's
-  // local knob does at the end of its test).
-  ~KnobBase();
+  ~KnobBase() = default;  // trivial: see "Thread-safe" above
   // Parses the environment's text (called once, under the once flag).
   virtual absl::Status Load(const std::optional<std::string>& text) const = 0;
 
  private:
+  struct Loaded {  // never freed
+    std::once_flag once;
+    std::optional<std::string> text;
+    absl::Status status;
+  };
   void LoadOnce() const;
 
   const KnobInfo info_;
-  mutable std::once_flag once_;
-  mutable std::optional<std::string> text_;
-  mutable absl::Status status_;
+  Loaded* const loaded_;
 };
 
 template <typename T>
 class Knob final : public KnobBase {
  public:
   Knob(const KnobInfo& info, T default_value, KnobParser<T> parse)
-      : KnobBase(info), default_(std::move(default_value)), parse_(std::move(parse)) {}
+      : KnobBase(info), s_(new State{std::move(default_value), std::move(parse), std::nullopt}) {}
 
   // The process's value: the environment's, else the default (also when
   // the environment's is bad; ConfigStatus() reports that).
   const T& Get() const {
     (void)status();
-    return value_ ? *value_ : default_;
+    return s_->value ? *s_->value : s_->default_value;
   }
   // The value in the process's environment now, not the one read at first
   // use: for the few knobs that tests change while the process runs (a bad
   // value: the default).
   T Current() const {
     absl::StatusOr<T> v = Parse([](const char* n) { return std::getenv(n); });
-    return v.ok() ? *std::move(v) : default_;
+    return v.ok() ? *std::move(v) : s_->default_value;
   }
-  const T& default_value() const { return default_; }
+  const T& default_value() const { return s_->default_value; }
   // The environment's value is in effect (set, and not refused).
   bool IsSet() const {
     (void)status();
-    return value_.has_value();
+    return s_->value.has_value();
   }
 
   // The value in `getenv` (unset or empty: the default), or the error.
   absl::StatusOr<T> Parse(const Getenv& getenv) const {
     const char* v = getenv(name());
-    if (v == nullptr || *v == 0) return default_;
-    return parse_(name(), v);
+    if (v == nullptr || *v == 0) return s_->default_value;
+    return s_->parse(name(), v);
   }
   absl::Status Check(const Getenv& getenv) const override { return Parse(getenv).status(); }
 
  private:
   absl::Status Load(const std::optional<std::string>& text) const override {
     if (!text) return absl::OkStatus();
-    absl::StatusOr<T> v = parse_(name(), *text);
+    absl::StatusOr<T> v = s_->parse(name(), *text);
     if (!v.ok()) return v.status();
-    value_ = *std::move(v);
+    s_->value = *std::move(v);
     return absl::OkStatus();
   }
 
-  const T default_;
-  const KnobParser<T> parse_;
-  mutable std::optional<T> value_;  // written once, under the once flag
+  struct State {  // never freed
+    const T default_value;
+    const KnobParser<T> parse;
+    std::optional<T> value;  // written once, under the once flag
+  };
+  State* const s_;
 };
 
 // A rule across knobs (the heartbeat below half the lease), declared beside
@@ -156,10 +170,10 @@ class KnobRule {
   explicit KnobRule(std::function<absl::Status(const Getenv& getenv)> check);
   KnobRule(const KnobRule&) = delete;
   KnobRule& operator=(const KnobRule&) = delete;
-  absl::Status Check(const Getenv& getenv) const { return check_(getenv); }
+  absl::Status Check(const Getenv& getenv) const { return (*check_)(getenv); }
 
  private:
-  const std::function<absl::Status(const Getenv&)> check_;
+  const std::function<absl::Status(const Getenv&)>* const check_;  // never freed
 };
 
 // Every knob this program links, by name.

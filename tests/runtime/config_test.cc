@@ -1,6 +1,9 @@
 // The knob registry (cxlrt/runtime/knobs.h): every CXLRT_* knob the library
 // declares, its parsing, its rules, and the README's table of them. This
 // binary links every layer whole (tests/CMakeLists.txt), so it sees them all.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -20,6 +23,27 @@ namespace cxlrt::runtime {
 namespace {
 
 using Env = std::map<std::string, std::string>;
+
+// Static objects are destroyed in the reverse order of their construction,
+// so this probe, made before kExitKnob, is destroyed after it: armed, its
+// destructor reads the knob as a cleanup guard at exit would, and writes
+// what it read to `fd`.
+struct ExitProbe {
+  int fd = -1;
+  ~ExitProbe();
+} exit_probe;
+const Knob<std::string> kExitKnob({"CXLRT_CONFIG_TEST_EXIT_KNOB", "default",
+                                   "a knob this test reads after main returns"},
+                                  "default", AnyText());
+// Not one of the library's knobs (the README test would want a row).
+[[maybe_unused]] const bool kExitKnobHidden = (kExitKnob.Unregister(), true);
+
+ExitProbe::~ExitProbe() {
+  if (fd < 0) return;
+  const std::string v = kExitKnob.Get();
+  (void)!write(fd, v.data(), v.size());
+  close(fd);
+}
 
 Getenv From(const Env& env) {
   return [&env](const char* name) -> const char* {
@@ -120,8 +144,9 @@ TEST(ConfigTest, AKnobReadsTheEnvironmentOnceAndABadValueKeepsTheDefault) {
     setenv("CXLRT_CONFIG_TEST_KNOB", "8", 1);
     EXPECT_EQ(k.Get(), 7u) << "read once";
     EXPECT_EQ(k.Current(), 8u) << "unless asked for the value now";
+    k.Unregister();
   }
-  EXPECT_EQ(FindKnob("CXLRT_CONFIG_TEST_KNOB"), nullptr) << "a destroyed knob leaves the registry";
+  EXPECT_EQ(FindKnob("CXLRT_CONFIG_TEST_KNOB"), nullptr) << "an unregistered knob leaves it";
 
   setenv("CXLRT_CONFIG_TEST_KNOB", "11", 1);
   {
@@ -135,9 +160,34 @@ TEST(ConfigTest, AKnobReadsTheEnvironmentOnceAndABadValueKeepsTheDefault) {
     // What Pool::Open returns.
     CXLRT_EXPECT_ERROR(ConfigStatus(), absl::StatusCode::kInvalidArgument,
                        "CXLRT_CONFIG_TEST_KNOB='11'");
+    k.Unregister();
   }
   unsetenv("CXLRT_CONFIG_TEST_KNOB");
   CXLRT_EXPECT_OK(ConfigStatus());
+}
+
+TEST(ConfigTest, AKnobKeepsItsValueForStaticDestructorsThatRunAfterMain) {
+  setenv("CXLRT_CONFIG_TEST_EXIT_KNOB", "from-env", 1);
+  int p[2];
+  ASSERT_EQ(pipe(p), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(p[0]);
+    if (kExitKnob.Get() != "from-env") _exit(2);
+    exit_probe.fd = p[1];
+    std::exit(0);  // runs the static destructors, the knob's before the probe's
+  }
+  close(p[1]);
+  std::string got;
+  char buf[64];
+  for (ssize_t n; (n = read(p[0], buf, sizeof(buf))) > 0;) got.append(buf, n);
+  close(p[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_EQ(got, "from-env") << "the knob was destroyed before a static destructor read it";
+  unsetenv("CXLRT_CONFIG_TEST_EXIT_KNOB");
 }
 
 TEST(ConfigTest, EveryKnobHasAPrefixedNameOnceAndHelp) {
