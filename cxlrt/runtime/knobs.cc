@@ -55,6 +55,12 @@ void KnobBase::Unregister() const {
   r.knobs.erase(std::remove(r.knobs.begin(), r.knobs.end(), this), r.knobs.end());
 }
 
+void KnobBase::Retire() const {
+  Unregister();
+  FreeState();
+  delete loaded_;
+}
+
 void KnobBase::LoadOnce() const {
   std::call_once(loaded_->once, [this] {
     if (const char* v = std::getenv(info_.name); v != nullptr && *v != 0) loaded_->text = v;

@@ -28,7 +28,7 @@
 // cleanup guard that destroys a pool, still reads every knob's value. Get()
 // may be called from any thread (and from another static initialiser, for
 // a knob defined earlier in the same file). A test's own knob leaves the
-// registry with Unregister().
+// registry and frees its state with Retire().
 #pragma once
 
 #include <cstdint>
@@ -88,15 +88,19 @@ class KnobBase {
   const absl::Status& status() const;
   // Checks this knob's value in `getenv` without touching the process's.
   virtual absl::Status Check(const Getenv& getenv) const = 0;
-  // Leaves the registry: for a test's own knob, before it goes out of
-  // scope (a knob at namespace scope never does).
+  // Leaves the registry (a knob at namespace scope never does).
   void Unregister() const;
+  // Leaves the registry and frees the knob's state: for a test's own knob,
+  // before it goes out of scope. The knob is not used after.
+  void Retire() const;
 
  protected:
   explicit KnobBase(const KnobInfo& info);
   ~KnobBase() = default;  // trivial: see "Thread-safe" above
   // Parses the environment's text (called once, under the once flag).
   virtual absl::Status Load(const std::optional<std::string>& text) const = 0;
+  // Frees the derived class's state (Retire).
+  virtual void FreeState() const = 0;
 
  private:
   struct Loaded {  // never freed
@@ -152,6 +156,7 @@ class Knob final : public KnobBase {
     s_->value = *std::move(v);
     return absl::OkStatus();
   }
+  void FreeState() const override { delete s_; }
 
   struct State {  // never freed
     const T default_value;

@@ -144,9 +144,9 @@ TEST(ConfigTest, AKnobReadsTheEnvironmentOnceAndABadValueKeepsTheDefault) {
     setenv("CXLRT_CONFIG_TEST_KNOB", "8", 1);
     EXPECT_EQ(k.Get(), 7u) << "read once";
     EXPECT_EQ(k.Current(), 8u) << "unless asked for the value now";
-    k.Unregister();
+    k.Retire();
   }
-  EXPECT_EQ(FindKnob("CXLRT_CONFIG_TEST_KNOB"), nullptr) << "an unregistered knob leaves it";
+  EXPECT_EQ(FindKnob("CXLRT_CONFIG_TEST_KNOB"), nullptr) << "a retired knob leaves it";
 
   setenv("CXLRT_CONFIG_TEST_KNOB", "11", 1);
   {
@@ -160,7 +160,7 @@ TEST(ConfigTest, AKnobReadsTheEnvironmentOnceAndABadValueKeepsTheDefault) {
     // What Pool::Open returns.
     CXLRT_EXPECT_ERROR(ConfigStatus(), absl::StatusCode::kInvalidArgument,
                        "CXLRT_CONFIG_TEST_KNOB='11'");
-    k.Unregister();
+    k.Retire();
   }
   unsetenv("CXLRT_CONFIG_TEST_KNOB");
   CXLRT_EXPECT_OK(ConfigStatus());
