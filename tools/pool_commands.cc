@@ -354,11 +354,12 @@ int PoolFence(const std::string& uri, int slot, bool force) {
   if (!pool.ok()) return Fail(pool.status());
   auto m = runtime::Membership::Attach(**pool);
   if (!m.ok()) return Fail(m.status());
-  // A fresh observer must watch for a whole lease before it may call a host dead.
+  // A fresh observer must watch for a whole lease and its margin before it
+  // may call a host dead (runtime::DeadAfter).
   auto view = (*m)->Host(static_cast<uint32_t>(slot));
   if (!view.ok()) return Fail(view.status());
   if (!force && view->liveness == runtime::Liveness::kAlive) {
-    absl::SleepFor(view->lease + absl::Milliseconds(100));
+    absl::SleepFor(runtime::DeadAfter(view->lease) + absl::Milliseconds(100));
   }
   if (absl::Status s = (*m)->Fence(static_cast<uint32_t>(slot), force); !s.ok()) return Fail(s);
   std::printf("fenced host slot %d of %s\n", slot, (*pool)->name().c_str());

@@ -94,7 +94,11 @@ class Allocator::Impl {
   runtime::Membership& membership() const { return membership_; }
 
  private:
-  bool Usable() const { return !closed_.load(std::memory_order_relaxed) && !membership_.fenced(); }
+  // Not closed, and the host's lease held (one clock read): every path that
+  // writes the pool checks it first (docs/membership.md, "Leases").
+  bool Usable() const {
+    return !closed_.load(std::memory_order_relaxed) && membership_.LeaseHeld();
+  }
   absl::Status CheckUsable() { return Usable() ? absl::OkStatus() : Unusable(); }
   absl::Status Unusable();
   absl::Status FreeLocked(PoolOffset offset, bool allow_named);
@@ -287,8 +291,12 @@ Allocator::Impl::~Impl() {
 
 absl::Status Allocator::Impl::Unusable() {
   if (closed_) return absl::FailedPreconditionError("the allocator is closed");
-  return absl::AbortedError(absl::StrCat("host ", slot_, " was fenced from ", pool_.name(),
-                                         ": its allocator may not write the pool"));
+  // The lease ran out (a stall, a pause) or a survivor fenced this host:
+  // renew it, or say why nothing may be written.
+  absl::Status s = membership_.CheckLease();
+  if (s.ok()) return s;
+  return absl::AbortedError(
+      absl::StrCat("host ", slot_, "'s allocator may not write ", pool_.name(), ": ", s.message()));
 }
 
 inline void Allocator::Impl::SetState(PoolOffset off, uint32_t cls, BlockState st) {
@@ -874,6 +882,10 @@ absl::StatusOr<std::vector<uint32_t>> Allocator::Impl::RecoverDeadHosts() {
       if (!f.ok() && f.code() != absl::StatusCode::kFailedPrecondition) return f;
       if (!f.ok()) continue;  // came back to life, or someone else fenced it
     }
+    // Fenced, but maybe still holding a lease it renewed as the fence
+    // landed: its arena waits for a later round.
+    CXLRT_ASSIGN_OR_RETURN(bool quiet, membership_.Quiet(s));
+    if (!quiet) continue;
     CXLRT_RETURN_IF_ERROR(membership_.WithPoolLock([&]() -> absl::Status {
       auto rec = pool_.ReadHost(s);
       if (!rec.ok() || rec->state != runtime::SlotState::kFenced) return absl::OkStatus();
@@ -927,7 +939,11 @@ absl::Status Allocator::Impl::Close() {
   if (closed_ || !arena_) return absl::FailedPreconditionError("the allocator is already closed");
   closed_ = true;
   arena_->set_thread_cached({});
-  if (membership_.fenced()) return absl::AbortedError("this host was fenced: nothing written");
+  // Fenced (or the lease lapsed and cannot be renewed): nothing written.
+  if (absl::Status s = membership_.CheckLease(); !s.ok()) {
+    return absl::AbortedError(absl::StrCat("host ", slot_, " closes its allocator without writing ",
+                                           pool_.name(), ": ", s.message()));
+  }
   // Queued frees: a few tries while owners drain, then give up (logged).
   for (int attempt = 0; attempt < 100; ++attempt) {
     bool left = false;

@@ -112,10 +112,11 @@ absl::Status Communicator::Impl::Join() {
           kMinDepth, ", ", kMaxDepth, "]"));
     }
     const Plan plan = PlanFor(nranks_, options_.p2p_bytes);
-    // A host is alive while this process sees its heartbeat move within its
-    // lease, so a creator watched for less than a lease may be dead already
-    // (a job re-run right after one that crashed): look again until a whole
-    // lease has passed (within the deadline) before calling it in use.
+    // A host is alive while this process sees its heartbeat move within
+    // DeadAfter(its lease), so a creator watched for less than that may be
+    // dead already (a job re-run right after one that crashed): look again
+    // until that much has passed (within the deadline) before calling it in
+    // use.
     absl::Time settled = absl::InfiniteFuture();
     for (;;) {
       auto found = alloc_.Find(name_);
@@ -126,7 +127,9 @@ absl::Status Communicator::Impl::Join() {
             auto host = m.Host(old->creator_slot);
             const bool self = host.ok() && host->liveness == runtime::Liveness::kSelf;
             const absl::Duration lease = host.ok() ? host->lease : m.lease();
-            settled = self ? absl::Now() : std::min(absl::Now() + lease + kDataPathYield, deadline);
+            settled =
+                self ? absl::Now()
+                     : std::min(absl::Now() + runtime::DeadAfter(lease) + kDataPathYield, deadline);
           }
           if (absl::Now() < settled) {
             absl::SleepFor(kDataPathYield);
@@ -298,6 +301,7 @@ absl::Status Communicator::Impl::Join() {
       .depth = depth_,
       .rings = std::move(rings),
       .watch = watch_.get(),
+      .membership = &alloc_.membership(),
       .spins = spins_,
       .drain = [this] { return DrainEngines(absl::Now() + options_.timeout); },
   });

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "cxlrt/runtime/fault.h"
 #include "cxlrt/runtime/log.h"
+#include "cxlrt/runtime/membership.h"
 
 namespace cxlrt::collectives {
 
@@ -19,6 +20,7 @@ PoolTransport::PoolTransport(Setup setup)
       instance_(setup.instance),
       rings_(std::move(setup.rings)),
       watch_(setup.watch),
+      membership_(setup.membership),
       spins_(setup.spins),
       drain_(std::move(setup.drain)),
       posts_(size_t(setup.nranks) * setup.depth),
@@ -72,6 +74,14 @@ absl::StatusOr<uint64_t> PoolTransport::Stage() {
   // Post s reuses the slot and post line of post s - depth: every peer must
   // have read it.
   if (s > depth_) CXLRT_RETURN_IF_ERROR(AwaitPeersDone(s - depth_));
+  // The post's bytes and line go into this host's slot, which survivors
+  // reclaim once they fenced it: write only under a held lease.
+  if (!membership_->LeaseHeld()) {
+    if (absl::Status l = membership_->CheckLease(); !l.ok()) {
+      return Fail(absl::Status(l.code(), absl::StrCat(name_, " rank ", rank_, " in ",
+                                                      Describe(desc_), ": ", l.message())));
+    }
+  }
   staged_ = s;
   return s;
 }

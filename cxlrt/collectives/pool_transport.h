@@ -36,6 +36,10 @@
 #include "cxlrt/runtime/status_macros.h"
 #include "cxlrt/runtime/wait.h"
 
+namespace cxlrt::runtime {
+class Membership;
+}  // namespace cxlrt::runtime
+
 namespace cxlrt::collectives {
 
 class PoolTransport final : public Transport {
@@ -51,7 +55,10 @@ class PoolTransport final : public Transport {
     uint32_t depth;
     std::vector<RingLayout> rings;  // every rank's slots, as joined
     runtime::WaitWatch* watch;      // ends waits when a peer dies or leaves
-    int spins;                      // spins before a wait yields; -1: CXLRT_WAIT_SPINS
+    // This host's membership: each post checks its lease before it writes
+    // the slot (docs/membership.md, "Leases").
+    runtime::Membership* membership;
+    int spins;  // spins before a wait yields; -1: CXLRT_WAIT_SPINS
     // Drains every engine of the communicator (Fail runs it before the
     // peers see this rank aborted); null: nothing to drain.
     std::function<absl::Status()> drain;
@@ -128,6 +135,7 @@ class PoolTransport final : public Transport {
   const uint64_t instance_;
   const std::vector<RingLayout> rings_;
   runtime::WaitWatch* const watch_;
+  runtime::Membership* const membership_;
   const int spins_;
   const std::function<absl::Status()> drain_;
 

@@ -31,6 +31,8 @@ constexpr FaultPointInfo kFaultPoints[] = {
      "attach wrote the slot's control line (attached, new epoch); the owner line still has the "
      "old epoch; the lock is held"},
     {"membership.heartbeat", "the heartbeat thread is about to beat"},
+    {"membership.renew.checked",
+     "a lease renewal stored its beat and fenced; it has not read its control line yet"},
     {"membership.fence.locked",
      "fence holds the pool lock; the victim's control line is unchanged"},
     {"membership.detach.locked", "detach holds the pool lock; the slot is still attached"},

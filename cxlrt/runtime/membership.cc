@@ -63,7 +63,17 @@ std::string Describe(const HostRecord& r) {
   return absl::StrCat("host slot ", r.slot, " (pid ", r.pid, " on ", r.hostname, ")");
 }
 
+int64_t LeaseClockResolutionNs() {
+  timespec r;
+  if (clock_getres(CLOCK_MONOTONIC_COARSE, &r) != 0) return 10'000'000;  // 10 ms: HZ=100
+  return int64_t{r.tv_sec} * 1000000000 + r.tv_nsec;
+}
+
 }  // namespace
+
+absl::Duration LeaseMargin(absl::Duration lease) { return lease / 4; }
+
+absl::Duration DeadAfter(absl::Duration lease) { return lease + LeaseMargin(lease) + lease / 1000; }
 
 const char* LivenessName(Liveness l) {
   switch (l) {
@@ -99,11 +109,7 @@ class Membership::Liveness_ : public BakeryLiveness {
         return true;
       }
     }
-    auto control = pool.ReadHost(j);
-    const uint64_t epoch = control.ok() ? control->epoch : 0;
-    absl::Duration lease =
-        owner_ok && owner.lease_ms ? absl::Milliseconds(owner.lease_ms) : m_->lease_;
-    return m_->Observe(j, epoch) > lease;
+    return m_->Observe(j) > DeadAfter(m_->PublishedLease(j));
   }
 
   void ReleaseSkipped() override {
@@ -153,6 +159,7 @@ Membership::Membership(Pool& pool, uint32_t slot, absl::Duration lease, absl::Du
       heartbeat_(heartbeat),
       lock_timeout_(lock_timeout),
       hostname_(Hostname()),
+      lease_clock_slack_ns_(LeaseClockResolutionNs()),
       liveness_(std::make_unique<Liveness_>(this)),
       lock_(std::make_unique<BakeryLock>(pool, slot, liveness_.get())) {}
 
@@ -297,6 +304,8 @@ absl::Status Membership::Claim(bool explicit_slot) {
         prior->hostname, " (another machine); give each machine its own CXLRT_HOST_ID"));
   }
   // Beat before competing for the lock, so others see a live participant.
+  // The counter never counts backwards across incarnations.
+  beat_base_ = pool_.coherence().LoadFlag(pool_.OwnerLineOffset(slot_));
   WriteOwnerLine(0);
   hb_thread_ = std::thread([this] { HeartbeatLoop(); });
 
@@ -347,7 +356,10 @@ absl::Status Membership::Claim(bool explicit_slot) {
       WriteControl(j, dead->epoch + 1, SlotState::kFenced, dead->owner_pid);
     }
   }
+  pool_.coherence().FenceStoresBeforeLoads();  // the fences before any later load (Quiet)
   unlock();
+  // The first lease: a beat that finds the new epoch in place.
+  CXLRT_RETURN_IF_ERROR(RenewLease());
   CXLRT_LOG(kInfo) << "attached to " << pool_.name() << " as host slot " << slot_ << " at epoch "
                    << epoch_;
   return absl::OkStatus();
@@ -365,8 +377,10 @@ absl::Status Membership::WithPoolLock(const std::function<absl::Status()>& fn) {
       WriteControl(j, dead->epoch + 1, SlotState::kFenced, dead->owner_pid);
     }
   }
-  // Re-check just before writing under the lock: a host fenced while it
-  // slept must not change metadata.
+  pool_.coherence().FenceStoresBeforeLoads();  // the fences before any later load (Quiet)
+  // Re-check just before writing under the lock: a host that stalled past
+  // its lease (a survivor may have skipped its ticket and fenced it) must
+  // not change metadata. CheckSelf checks the lease.
   absl::Status s = CheckSelf();
   if (s.ok()) s = fn();
   lock_->Unlock();
@@ -383,13 +397,14 @@ absl::Status Membership::Detach() {
     s = WithPoolLock([&]() -> absl::Status {
       CXLRT_ASSIGN_OR_RETURN(HostRecord r, pool_.ReadHost(slot_));
       if (r.epoch != epoch_) {
-        fenced_ = true;
+        MarkFenced();
         return CheckSelf();
       }
       CXLRT_FAULT_POINT("membership.detach.locked");
       // Before the record changes: the heartbeat thread, still running,
       // must not take this host's own epoch bump for a fencing.
       leaving_.store(true);
+      lease_end_ns_.store(0, std::memory_order_release);
       WriteControl(slot_, epoch_ + 1, SlotState::kFree, 0);
       CXLRT_FAULT_POINT("membership.detach.freed");
       return absl::OkStatus();
@@ -404,44 +419,87 @@ absl::Status Membership::Detach() {
 }
 
 absl::Status Membership::CheckSelf() {
-  if (fenced()) {
-    return absl::AbortedError(absl::StrCat("this host (slot ", slot_, " of ", pool_.name(),
-                                           ") was fenced by a survivor; its writes are ignored"));
-  }
+  if (fenced()) return FencedError();
   if (!attached_.load()) {
     return absl::FailedPreconditionError(
         absl::StrCat("this host (slot ", slot_, " of ", pool_.name(), ") is not attached"));
+  }
+  return CheckLease();
+}
+
+absl::Status Membership::FencedError() const {
+  return absl::AbortedError(
+      absl::StrCat("this host (slot ", slot_, " of ", pool_.name(),
+                   ") was fenced by a survivor (its lease lapsed: a stall or a pause longer than ",
+                   absl::FormatDuration(lease_ - LeaseMargin(lease_)),
+                   "); it writes nothing more to the pool: attach again"));
+}
+
+void Membership::MarkFenced() {
+  lease_end_ns_.store(0, std::memory_order_release);
+  fenced_.store(true, std::memory_order_release);
+}
+
+void Membership::Beat() {
+  pool_.coherence().StoreFlag(pool_.OwnerLineOffset(slot_), beat_base_ + ++beats_);
+}
+
+absl::Status Membership::RenewLease() {
+  std::lock_guard<std::mutex> guard(renew_mu_);
+  if (fenced()) return FencedError();
+  if (!attached_.load() || leaving_.load()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("this host (slot ", slot_, " of ", pool_.name(), ") is not attached"));
+  }
+  // The lease counts from before the beat's store: others start their
+  // count when they see the new value, never earlier.
+  const int64_t t0 = LeaseClockNs();
+  Beat();
+  // A survivor fences with {store the fence; fence; load the beat}; this is
+  // {store the beat; fence; load the record}: at least one of the two sees
+  // the other's store. Without this fence x86 may satisfy the load below
+  // before the beat leaves the store buffer, and both would miss.
+  pool_.coherence().FenceStoresBeforeLoads();
+  CXLRT_FAULT_POINT("membership.renew.checked");
+  auto r = pool_.ReadHost(slot_);
+  if (!r.ok()) return r.status();
+  // leaving_ is read after the record (x86 keeps the loads in order, and
+  // Detach sets it before its store): a new epoch with leaving_ set is this
+  // host's own Detach, not a survivor's fencing.
+  if (r->epoch != epoch_ && !leaving_.load()) {
+    MarkFenced();
+    CXLRT_LOG(kError) << "this host (slot " << slot_ << " of " << pool_.name()
+                      << ") was fenced by slot " << r->changed_by << " (epoch " << epoch_ << " -> "
+                      << r->epoch << "); it stops writing to the pool";
+    return FencedError();
+  }
+  const int64_t end = t0 + absl::ToInt64Nanoseconds(lease_ - LeaseMargin(lease_));
+  int64_t prior = lease_end_ns_.load(std::memory_order_relaxed);
+  while (prior < end && !lease_end_ns_.compare_exchange_weak(prior, end)) {
   }
   return absl::OkStatus();
 }
 
 void Membership::HeartbeatLoop() {
-  Coherence& c = pool_.coherence();
-  const PoolOffset hb = pool_.OwnerLineOffset(slot_);
-  const uint64_t base = c.LoadFlag(hb);  // never count backwards across incarnations
   std::unique_lock<std::mutex> lock(hb_mu_);
   while (!hb_stop_) {
     CXLRT_FAULT_POINT("membership.heartbeat");
-    c.StoreFlag(hb, base + beats_.fetch_add(1) + 1);
     lock.unlock();
-    if (attached_.load()) {
-      auto r = pool_.ReadHost(slot_);
-      // leaving_ is read after the record (x86 keeps the loads in order,
-      // and Detach sets it before its store): a new epoch with leaving_
-      // set is this host's own Detach, not a survivor's fencing.
-      if (r.ok() && r->epoch != epoch_ && !leaving_.load()) {
-        fenced_ = true;
-        CXLRT_LOG(kError) << "this host (slot " << slot_ << " of " << pool_.name()
-                          << ") was fenced by slot " << r->changed_by << " (epoch " << epoch_
-                          << " -> " << r->epoch << "); heartbeat stopped";
-        return;
+    if (attached_.load() && !leaving_.load()) {
+      absl::Status s = RenewLease();
+      if (fenced()) return;  // RenewLease logged it; the heartbeat stops
+      if (!s.ok()) {
+        CXLRT_LOG(kWarning) << "heartbeat of host slot " << slot_ << ": " << s;
       }
-      // Sample everyone, so that death is seen about one beat after a lease.
+      // Sample everyone, so that death is seen about one beat after it is due.
       for (uint32_t j = 0; j < pool_.host_slots(); ++j) {
         if (j == slot_) continue;
         auto other = pool_.ReadHost(j);
-        if (other.ok() && other->state == SlotState::kAttached) Observe(j, other->epoch);
+        if (other.ok() && other->state == SlotState::kAttached) Observe(j);
       }
+    } else {
+      std::lock_guard<std::mutex> guard(renew_mu_);
+      Beat();
     }
     lock.lock();
     hb_cv_.wait_for(lock, absl::ToChronoMilliseconds(heartbeat_), [this] { return hb_stop_; });
@@ -466,7 +524,7 @@ absl::Status Membership::AwaitEarlierBoot(const HostRecord& prior) {
     CXLRT_RETURN_IF_ERROR(now.status());
     // Fenced, freed or re-claimed meanwhile: Claim decides on what it is now.
     if (now->state != SlotState::kAttached || now->epoch != prior.epoch) return absl::OkStatus();
-    if (Observe(slot_, prior.epoch) > lease) {
+    if (Observe(slot_) > DeadAfter(lease)) {
       CXLRT_LOG(kWarning) << "host slot " << slot_ << " of " << pool_.name()
                           << " is attached by pid " << prior.pid << " of an earlier boot of this "
                           << "machine, silent for its lease: taking it back";
@@ -484,15 +542,19 @@ absl::Status Membership::AwaitEarlierBoot(const HostRecord& prior) {
   }
 }
 
-absl::Duration Membership::Observe(uint32_t j, uint64_t epoch) {
+absl::Duration Membership::Observe(uint32_t j) {
   const uint64_t beat = pool_.coherence().LoadFlag(pool_.OwnerLineOffset(j));
   const absl::Time now = absl::Now();
   std::lock_guard<std::mutex> lock(obs_mu_);
   Observation& o = observations_[j];
-  if (o.changed == absl::Time() || o.epoch != epoch || o.heartbeat != beat) {
-    o = Observation{epoch, beat, now};
-  }
+  if (o.changed == absl::Time() || o.heartbeat != beat) o = Observation{beat, now};
   return now - o.changed;
+}
+
+absl::Duration Membership::PublishedLease(uint32_t j) const {
+  auto owner = pool_.coherence().FetchObject<HostOwnerLineLayout>(pool_.OwnerLineOffset(j));
+  const bool ok = owner.checksum == OwnerLineChecksum(owner) && owner.lease_ms != 0;
+  return ok ? absl::Milliseconds(owner.lease_ms) : lease_;
 }
 
 absl::Duration Membership::LeaseOf(const HostRecord& r) const {
@@ -517,8 +579,8 @@ absl::StatusOr<HostView> Membership::ViewOf(const HostRecord& r) {
     v.liveness = Liveness::kSelf;
     return v;
   }
-  v.since_heartbeat = Observe(r.slot, r.epoch);
-  v.liveness = v.since_heartbeat > v.lease ? Liveness::kDead : Liveness::kAlive;
+  v.since_heartbeat = Observe(r.slot);
+  v.liveness = v.since_heartbeat > DeadAfter(v.lease) ? Liveness::kDead : Liveness::kAlive;
   return v;
 }
 
@@ -565,11 +627,32 @@ absl::Status Membership::Fence(uint32_t slot, bool force) {
                                                         " changed while being fenced (epoch ",
                                                         v.record.epoch, " -> ", r.epoch, ")"));
     }
+    // Decided on a beat that may have moved since: re-observe under the lock.
+    if (!force && Observe(slot) <= DeadAfter(v.lease)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(Describe(v.record), " beat again while being fenced"));
+    }
     CXLRT_FAULT_POINT("membership.fence.locked");
     WriteControl(slot, r.epoch + 1, SlotState::kFenced, r.owner_pid);
+    // Before any later load of its beat (Quiet): see RenewLease.
+    pool_.coherence().FenceStoresBeforeLoads();
     CXLRT_LOG(kInfo) << "fenced " << Describe(v.record) << " at epoch " << r.epoch + 1;
     return absl::OkStatus();
   });
+}
+
+absl::StatusOr<bool> Membership::Quiet(uint32_t slot) {
+  // This host's own fence stores, if any, before the loads below.
+  pool_.coherence().FenceStoresBeforeLoads();
+  CXLRT_ASSIGN_OR_RETURN(HostRecord r, pool_.ReadHost(slot));
+  if (r.state != SlotState::kFenced) return false;
+  // The fenced incarnation's own lease, at least ours.
+  const absl::Duration lease = std::max(lease_, PublishedLease(slot));
+  // The beat is loaded after the fence was visible (the record load above
+  // saw it): if it still reads the value that has stood still for
+  // DeadAfter, the host's last lease has ended, and any renewal whose beat
+  // this load missed will find the fence (RenewLease).
+  return Observe(slot) > DeadAfter(lease);
 }
 
 absl::Status Membership::Release(uint32_t slot) {

@@ -9,15 +9,23 @@
 // - Heartbeat: a counter in the host's own owner line, +1 per period.
 //   Clocks of hosts are not compared: each observer notes, on its own
 //   monotonic clock, when it last saw a host's counter change, and declares
-//   the host dead once that is longer ago than the host's lease.
-// - Fence: a survivor bumps a dead host's epoch under the pool lock. Records
-//   stamped with the old epoch are ignored from then on, so a fenced host's
-//   late writes are harmless; the fenced host notices at its next beat and
-//   fails its waits with kAborted.
+//   the host dead once that is longer ago than DeadAfter(its lease).
+// - Lease (self-fencing): each beat that finds the host's own epoch
+//   unchanged grants it the right to write pool metadata until
+//   beat time + lease - LeaseMargin(lease), on its own clock. Every metadata
+//   write path calls CheckLease() (one clock read) first; a lapsed lease
+//   renews (beat, fence, re-read the slot) or fails with kAborted.
+// - Fence: a survivor bumps a dead host's epoch under the pool lock. A
+//   fenced slot is recovered only once Quiet(): its beat stood still for
+//   DeadAfter(lease) as seen after the fence, so the fenced host holds no
+//   lease. docs/membership.md, "Leases that fence themselves", has the
+//   argument and the one window left.
 //
 // Thread-safety: all methods are thread-safe. Destroying a Membership
 // detaches it (errors logged); it must not outlive its Pool.
 #pragma once
+
+#include <time.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -54,11 +62,28 @@ struct AttachOptions {
   std::optional<absl::Duration> lock_timeout;
 };
 
+// The part of a lease a host does not use: it writes metadata only while
+// more than this is left of its lease (lease / 4).
+absl::Duration LeaseMargin(absl::Duration lease);
+// How long a host's heartbeat must stand still before others call it dead:
+// its lease, the margin, and a bound on the two clocks' rate difference
+// (1000 ppm of the lease).
+absl::Duration DeadAfter(absl::Duration lease);
+
+// The clock of leases: CLOCK_MONOTONIC_COARSE in nanoseconds (a few ns to
+// read; it lags the precise clock by up to its resolution, which the lease
+// check adds).
+inline int64_t LeaseClockNs() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
+  return int64_t{t.tv_sec} * 1000000000 + t.tv_nsec;
+}
+
 enum class Liveness {
   kFree,    // no host in the slot
   kSelf,    // this process
   kAlive,   // attached, heartbeat moved within its lease
-  kDead,    // attached, heartbeat still for longer than its lease
+  kDead,    // attached, heartbeat still for longer than DeadAfter(lease)
   kFenced,  // fenced by a survivor, not yet released
 };
 
@@ -98,8 +123,22 @@ class Membership {
 
   // True once this host learned that it was fenced.
   bool fenced() const { return fenced_.load(std::memory_order_acquire); }
-  // OK, or kAborted when this host was fenced or has detached.
+  // OK, or kAborted when this host was fenced, kFailedPrecondition when it
+  // has detached; renews a lapsed lease (CheckLease).
   absl::Status CheckSelf();
+
+  // Whether this host may write pool metadata now: attached, not fenced,
+  // and more than LeaseMargin of its lease left. One clock read.
+  bool LeaseHeld() const {
+    return LeaseClockNs() + lease_clock_slack_ns_ < lease_end_ns_.load(std::memory_order_acquire);
+  }
+  // OK when the lease is held; else renews it (RenewLease). Every metadata
+  // write path calls this (or LeaseHeld, then this) before its stores.
+  absl::Status CheckLease() { return LeaseHeld() ? absl::OkStatus() : RenewLease(); }
+  // Beats, fences (store before load), re-reads this host's slot: kAborted
+  // when a survivor fenced it (then for good), kFailedPrecondition when not
+  // attached; else the lease runs to the beat's time + lease - margin.
+  absl::Status RenewLease();
 
   // Every slot that is not free, as this host sees it now.
   absl::StatusOr<std::vector<HostView>> Hosts();
@@ -109,6 +148,11 @@ class Membership {
   // Fences host `slot`: bumps its epoch, marks it fenced. REQUIRES it is
   // seen dead here (kFailedPrecondition otherwise) unless `force`.
   absl::Status Fence(uint32_t slot, bool force = false);
+  // Whether fenced slot `slot` may be recovered: it is fenced and its
+  // heartbeat has stood still for DeadAfter(its lease), read after the
+  // fence is visible, so its host holds no lease and cannot renew one.
+  // false for a slot not fenced. Survivors recover only quiet slots.
+  absl::StatusOr<bool> Quiet(uint32_t slot);
   // Frees a fenced slot once its resources have been recovered.
   absl::Status Release(uint32_t slot);
 
@@ -125,7 +169,6 @@ class Membership {
   class Liveness_;  // BakeryLiveness over this host's observations
   class PeerWatch;
   struct Observation {
-    uint64_t epoch = 0;
     uint64_t heartbeat = 0;
     absl::Time changed;  // on this process's clock
   };
@@ -138,10 +181,20 @@ class Membership {
   void WriteOwnerLine(uint64_t epoch);
   void WriteControl(uint32_t slot, uint64_t epoch, SlotState state, uint32_t pid);
   void HeartbeatLoop();
+  // Sets fenced() and ends the lease, for good.
+  void MarkFenced();
+  absl::Status FencedError() const;
+  // Stores the next heartbeat value. REQUIRES: renew_mu_ held.
+  void Beat();
   void StopHeartbeat();
-  // Samples slot `j`'s heartbeat and returns for how long it has not moved.
-  absl::Duration Observe(uint32_t j, uint64_t epoch);
+  // Samples slot `j`'s heartbeat and returns for how long it has not moved
+  // (the counter only; a fence or a new epoch does not restart it: a new
+  // incarnation beats before it claims).
+  absl::Duration Observe(uint32_t j);
   absl::Duration LeaseOf(const HostRecord& r) const;
+  // The lease slot `j`'s owner line states, of whichever epoch (a fenced
+  // incarnation's too); ours when the line is not valid.
+  absl::Duration PublishedLease(uint32_t j) const;
   // Claim of a slot that `prior`, of an earlier boot of this machine,
   // holds: waits until its heartbeat has stood still for its lease (or the
   // slot changed); kFailedPrecondition when it still moves past the lease
@@ -156,7 +209,13 @@ class Membership {
   const absl::Duration lock_timeout_;
   std::string hostname_;
   uint64_t epoch_ = 0;
-  std::atomic<uint64_t> beats_{0};
+  std::mutex renew_mu_;     // one beat-and-check at a time
+  uint64_t beat_base_ = 0;  // the counter's value when this process took the slot
+  uint64_t beats_ = 0;      // guarded by renew_mu_
+  // The lease, on LeaseClockNs: metadata may be written before this. 0:
+  // none (not attached yet, fenced, or detached).
+  std::atomic<int64_t> lease_end_ns_{0};
+  const int64_t lease_clock_slack_ns_;
   std::atomic<bool> fenced_{false};
   std::atomic<bool> leaving_{false};  // Detach is freeing the slot (its own epoch bump)
   std::atomic<bool> attached_{false};

@@ -86,7 +86,7 @@ struct alignas(64) HostOwnerLineLayout {
   // locks; host names alone collide (defect 11 of issue 13).
   uint64_t machine;
   uint32_t pid;
-  uint32_t lease_ms;      // others declare the host dead after this long
+  uint32_t lease_ms;      // others declare the host dead after DeadAfter(this)
   uint32_t heartbeat_ms;  // beat period
   char hostname[16];      // for people: NUL-terminated when shorter, else cut
   uint32_t checksum;      // CRC-32C of bytes [8, 60)

@@ -3,6 +3,7 @@
 #include "cxlrt/runtime/membership.h"
 
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -231,6 +232,9 @@ TEST_P(MembershipTest, AKilledHostIsSeenDeadWithinLeasePlusOneSecond) {
   EXPECT_NE(std::string(s.message()).find("is dead: no heartbeat"), std::string::npos) << s;
   const absl::Duration took = absl::Now() - killed;
   EXPECT_LT(took, kLease + absl::Seconds(1));
+  // Not before the lease and its margin: the victim may have beaten just
+  // before it was killed.
+  EXPECT_GE(took, DeadAfter(kLease) - kBeat - absl::Milliseconds(10));
   auto v = (*m)->Host(0);
   CXLRT_ASSERT_OK(v);
   EXPECT_EQ(v->liveness, Liveness::kDead);
@@ -411,11 +415,118 @@ TEST_P(MembershipTest, AStalledLockHolderIsBrokenAfterItsLeaseAndFenced) {
   auto m = Membership::Attach(**pool, Fast());
   CXLRT_ASSERT_OK(m);
   const absl::Duration waited = absl::Now() - start;
-  EXPECT_GE(waited, kLease - absl::Milliseconds(50)) << "broke a live holder's lock early";
+  EXPECT_GE(waited, DeadAfter(kLease) - absl::Milliseconds(50))
+      << "broke a live holder's lock early";
   EXPECT_LT(waited, kLease + absl::Seconds(2));
   EXPECT_EQ((*pool)->ReadHost(0)->state, SlotState::kFenced);
   kill(holder, SIGCONT);
   EXPECT_EQ(WaitExit(holder), 0) << "the broken holder never learned it was fenced";
+}
+
+TEST(LeaseTest, TheMarginAndTheDeathBoundFollowFromTheLease) {
+  EXPECT_EQ(LeaseMargin(absl::Seconds(2)), absl::Milliseconds(500));
+  EXPECT_EQ(DeadAfter(absl::Seconds(2)), absl::Milliseconds(2502));
+  // A host writes until lease - margin; others wait lease + margin: the gap
+  // a freeze between a check and its store must exceed is twice the margin.
+  EXPECT_EQ(DeadAfter(kLease) - (kLease - LeaseMargin(kLease)),
+            2 * LeaseMargin(kLease) + kLease / 1000);
+}
+
+TEST_P(MembershipTest, AHostWhoseHeartbeatStalledRenewsItsLeaseBeforeItWrites) {
+  const std::string uri = MakePool();
+  auto pool = Pool::Open(uri);
+  CXLRT_ASSERT_OK(pool);
+  auto m = Membership::Attach(**pool, Fast());
+  CXLRT_ASSERT_OK(m);
+  EXPECT_TRUE((*m)->LeaseHeld());
+  // The heartbeat thread stalls for two leases; the lease runs out with it.
+  CXLRT_ASSERT_OK(ArmFaults("membership.heartbeat:stall=1000"));
+  absl::SleepFor(kLease);
+  EXPECT_FALSE((*m)->LeaseHeld()) << "a lease outlived its heartbeat by more than the margin";
+  // A write path's check renews it (nobody fenced this host).
+  CXLRT_EXPECT_OK((*m)->CheckLease());
+  EXPECT_TRUE((*m)->LeaseHeld());
+  EXPECT_FALSE((*m)->fenced());
+  CXLRT_ASSERT_OK(ArmFaults(""));
+}
+
+TEST_P(MembershipTest, AStoppedHostLearnsItWasFencedAtItsNextWriteNotItsNextBeat) {
+  const std::string uri = MakePool();
+  Channel ready;
+  // The victim stops itself; resumed after a survivor fenced it, the first
+  // thing it does is a write path's lease check, before its heartbeat
+  // thread has run: it must refuse to write (before issue 27 it went on
+  // until its next beat noticed the fence).
+  pid_t victim = Spawn([&] {
+    auto pool = Pool::Open(uri);
+    auto m = Membership::Attach(**pool, Fast(0));
+    ready.Send(m.ok() ? 0 : 1);
+    if (!m.ok()) return 1;
+    raise(SIGSTOP);
+    absl::Status s = (*m)->CheckLease();
+    if (s.ok()) return 2;  // it would have written
+    if (s.code() != absl::StatusCode::kAborted || !absl::StrContains(s.message(), "fenced")) {
+      return 3;
+    }
+    return (*m)->LeaseHeld() ? 4 : 0;
+  });
+  ASSERT_EQ(ready.Receive(), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(victim, &status, WUNTRACED), victim);
+  ASSERT_TRUE(WIFSTOPPED(status));
+  auto pool = Pool::Open(uri);
+  CXLRT_ASSERT_OK(pool);
+  auto m = Membership::Attach(**pool, Fast());
+  CXLRT_ASSERT_OK(m);
+  CXLRT_ASSERT_OK(AwaitLiveness(**m, 0, Liveness::kDead, absl::Seconds(10)));
+  CXLRT_ASSERT_OK((*m)->Fence(0));
+  // Stopped since before its last lease ended: recoverable at once.
+  auto quiet = (*m)->Quiet(0);
+  CXLRT_ASSERT_OK(quiet);
+  EXPECT_TRUE(*quiet);
+  kill(victim, SIGCONT);
+  EXPECT_EQ(WaitExit(victim), 0) << "2: wrote after the fence; 3: wrong error; 4: lease kept";
+}
+
+TEST_P(MembershipTest, AFencedHostThatStillBeatsIsNotQuietUntilItStops) {
+  const std::string uri = MakePool();
+  Channel ready, fenced_seen;
+  pid_t victim = Spawn([&] {
+    auto pool = Pool::Open(uri);
+    auto m = Membership::Attach(**pool, Fast(0));
+    ready.Send(m.ok() ? 0 : 1);
+    const absl::Time end = absl::Now() + absl::Seconds(20);
+    while (m.ok() && !(*m)->fenced() && absl::Now() < end) absl::SleepFor(absl::Milliseconds(2));
+    fenced_seen.Send(m.ok() && (*m)->fenced() ? 0 : 1);
+    absl::SleepFor(absl::Seconds(60));
+    return 0;
+  });
+  ASSERT_EQ(ready.Receive(), 0);
+  auto pool = Pool::Open(uri);
+  CXLRT_ASSERT_OK(pool);
+  auto m = Membership::Attach(**pool, Fast());
+  CXLRT_ASSERT_OK(m);
+  CXLRT_ASSERT_OK(AwaitLiveness(**m, 0, Liveness::kAlive, absl::Seconds(5)));
+  // A forced fence of a live host (or one that renewed as the fence
+  // landed): it may hold a lease until its next beat sees the fence.
+  CXLRT_ASSERT_OK((*m)->Fence(0, /*force=*/true));
+  auto quiet = (*m)->Quiet(0);
+  CXLRT_ASSERT_OK(quiet);
+  EXPECT_FALSE(*quiet) << "a host that beat within its lease was called quiet";
+  ASSERT_EQ(fenced_seen.Receive(), 0) << "the victim never learned it was fenced";
+  // It stopped beating; quiet once the beat stood still for DeadAfter.
+  const absl::Time start = absl::Now();
+  bool became_quiet = false;
+  while (absl::Now() - start < absl::Seconds(10) && !became_quiet) {
+    auto q = (*m)->Quiet(0);
+    CXLRT_ASSERT_OK(q);
+    became_quiet = *q;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_TRUE(became_quiet);
+  EXPECT_GE(absl::Now() - start, DeadAfter(kLease) - 2 * kBeat);
+  kill(victim, SIGKILL);
+  WaitExit(victim);
 }
 
 TEST_P(MembershipTest, ALiveHolderMakesOthersTimeOutNamingIt) {
