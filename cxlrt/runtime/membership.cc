@@ -1,5 +1,6 @@
 #include "cxlrt/runtime/membership.h"
 
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +15,9 @@
 #include "cxlrt/runtime/status_macros.h"
 
 namespace cxlrt::runtime {
+
+int (*membership_internal::clock_gettime_fn)(clockid_t, timespec*) = &clock_gettime;
+
 namespace {
 
 // The knobs AttachOptions' unset fields take.
@@ -35,7 +39,9 @@ const Knob<uint32_t> kSlotsPerHost({"CXLRT_SLOTS_PER_HOST", "8",
                                    8, UintIn(1, 1024));
 const Knob<uint32_t> kLeaseMs(
     {"CXLRT_LEASE_MS", "2000",
-     "Lease of this host: others declare it dead when its heartbeat stops for this long."},
+     "Lease of this host: it writes to the pool only while more than a quarter of its lease is "
+     "left since its last confirmed beat; others declare it dead when its heartbeat stops for "
+     "the lease and a quarter (docs/membership.md, Leases)."},
     2000, UintIn(10, 3600000));
 const Knob<uint32_t> kHeartbeatMs({"CXLRT_HEARTBEAT_MS", "100",
                                    "Period of this host's heartbeat (must be < lease / 2)."},
@@ -62,6 +68,24 @@ std::string Describe(const HostRecord& r) {
   if (!r.owner_current) return absl::StrCat("host slot ", r.slot);
   return absl::StrCat("host slot ", r.slot, " (pid ", r.pid, " on ", r.hostname, ")");
 }
+
+using ClockGettime = int (*)(clockid_t, timespec*);
+
+// The vDSO's own clock_gettime, when the process has a vDSO (dlopen with
+// RTLD_NOLOAD finds the one the kernel mapped; nothing is loaded).
+ClockGettime VdsoClockGettime() {
+  void* vdso = dlopen("linux-vdso.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (vdso == nullptr) return nullptr;
+  auto fn = reinterpret_cast<ClockGettime>(dlsym(vdso, "__vdso_clock_gettime"));
+  timespec t;
+  return fn != nullptr && fn(CLOCK_MONOTONIC_COARSE, &t) == 0 ? fn : nullptr;
+}
+
+// Replaces libc's clock_gettime with the vDSO's before main.
+[[maybe_unused]] const bool kVdsoClock = [] {
+  if (ClockGettime fn = VdsoClockGettime()) membership_internal::clock_gettime_fn = fn;
+  return true;
+}();
 
 int64_t LeaseClockResolutionNs() {
   timespec r;
