@@ -30,7 +30,7 @@ missing() {
 }
 qemu=$(command -v qemu-system-x86_64) || missing "no qemu-system-x86_64"
 busybox=$(command -v busybox) || missing "no busybox"
-LC_ALL=C grep -q ld-linux "$busybox" && missing "busybox is not static (busybox-static)"
+readelf -l "$busybox" 2>/dev/null | grep -q "INTERP" && missing "busybox is not static (busybox-static)"
 command -v modprobe >/dev/null || missing "no modprobe (kmod)"
 command -v cxl >/dev/null && command -v ndctl >/dev/null || missing "no cxl/ndctl (ndctl)"
 vmlinuz=$(ls "$kdir"/boot/vmlinuz-* 2>/dev/null | head -1)
@@ -89,7 +89,7 @@ for role in a b; do
     -device pxb-cxl,bus_nr=12,bus=pcie.0,id=cxl.1 \
     -device cxl-rp,port=0,bus=cxl.1,id=rp0,chassis=0,slot=2 \
     -device cxl-rp,port=1,bus=cxl.1,id=rp1,chassis=0,slot=3 \
-    -device cxl-type3,bus=rp0,persistent-memdev=cxl-mem,lsa=cxl-lsa,id=cxl-pmem0,sn=0x1234 \
+    -device cxl-type3,bus=rp0,memdev=cxl-mem,lsa=cxl-lsa,id=cxl-pmem0,sn=0x1234 \
     >"$work/$role.qemu.log" 2>&1 &
   pid[$role]=$!
 done

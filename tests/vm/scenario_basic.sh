@@ -7,8 +7,8 @@ role_a() {
   make_dax
   flag a_dax
   wait_flag b_dax
-  run "$CXLRT" doctor
-  run "$CXLRT" pool create "$P"
+  run "$CXLRT" doctor | grep -E "^(cxl|dax|pool) "
+  run "$CXLRT" pool create "$P?size=32M"
   head -c 100000 /dev/urandom >/tmp/a.bin
   run "$CXLRT" kv put ns1 from-a /tmp/a.bin --pool "$P"
   cp /tmp/a.bin "$out/a.bin"
@@ -31,7 +31,7 @@ role_b() {
   make_dax
   flag b_dax
   wait_flag a_ready
-  run "$CXLRT" doctor
+  run "$CXLRT" doctor | grep -E "^(cxl|dax|pool) "
   "$CXLRT" pool attach "$P" --seconds 20 >/tmp/attach.log 2>&1 &
   run "$CXLRT" kv get ns1 from-a -o /tmp/a.got --pool "$P"
   cmp /tmp/a.got "$out/a.bin" || fail "entry from-a differs from what A put"

@@ -2,6 +2,7 @@
 # Guests sequence themselves through flag files on the host's 9p share
 # ($out); cxlrt itself only ever talks through the pool.
 log() { echo "cxlrt-vm[$role] $*"; }
+peer=$([[ $role == a ]] && echo b || echo a)
 fail() { log "FAIL: $*"; exit 1; }
 flag() { : >"$out/flag.$1"; sync; }
 # wait_flag NAME [SECONDS]: fails the scenario past the deadline.
@@ -9,6 +10,7 @@ wait_flag() {
   local deadline=$((SECONDS + ${2:-120}))
   while [[ ! -e "$out/flag.$1" ]]; do
     ((SECONDS < deadline)) || fail "timed out waiting for flag $1"
+    [[ -e "$out/$peer.rc" ]] && fail "guest $peer ended (status $(cat "$out/$peer.rc")) before flag $1"
     sleep 0.2
   done
 }
