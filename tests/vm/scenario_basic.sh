@@ -8,7 +8,7 @@ role_a() {
   flag a_dax
   wait_flag b_dax
   run "$CXLRT" doctor | grep -E "^(cxl|dax|pool) "
-  run "$CXLRT" pool create "$P?size=32M"
+  run "$CXLRT" pool create "$P?size=128M"
   head -c 100000 /dev/urandom >/tmp/a.bin
   run "$CXLRT" kv put ns1 from-a /tmp/a.bin --pool "$P"
   cp /tmp/a.bin "$out/a.bin"
