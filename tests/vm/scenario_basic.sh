@@ -19,6 +19,8 @@ role_a() {
   cmp /tmp/b.got "$out/b.bin" || fail "entry from-b differs from what B put"
   log "from-b read back byte-exact"
   run "$CXLRT" pool info "$P" | tee /tmp/info.txt
+  grep -q "on vm-a" /tmp/info.txt && grep -q "on vm-b" /tmp/info.txt ||
+    fail "pool info does not show both machines (vm-a and vm-b)"
   flag a_checked
   wait_flag b_done
   run "$CXLRT" pool check "$P"
