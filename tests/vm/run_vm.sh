@@ -94,10 +94,30 @@ for role in a b; do
   pid[$role]=$!
 done
 
+# A guest asks for a QEMU monitor command (fault scenarios: stop, cont,
+# quit) by writing it to out/mon.<role>.<n>; done, it becomes .done.
+serve_monitor() {
+  local req role
+  for req in "$work"/out/mon.*; do
+    [[ -f "$req" && "$req" != *.done && "$req" != *.tmp ]] || continue
+    role=${req#"$work"/out/mon.}; role=${role%%.*}
+    python3 - "$work/$role.monitor" "$(cat "$req")" <<'PY'
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX); s.settimeout(5); s.connect(sys.argv[1])
+time.sleep(0.2); s.sendall((sys.argv[2] + "\n").encode()); time.sleep(0.3); s.close()
+PY
+    echo "vm $name: monitor of guest $role: $(cat "$req") at $((SECONDS - start))s"
+    mv "$req" "$req.done"
+  done
+}
+
 deadline=$((SECONDS + budget))
 hung=()
 for role in a b; do
-  while kill -0 "${pid[$role]}" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.5; done
+  while kill -0 "${pid[$role]}" 2>/dev/null && ((SECONDS < deadline)); do
+    serve_monitor
+    sleep 0.5
+  done
   if kill -0 "${pid[$role]}" 2>/dev/null; then
     hung+=("$role")
     kill "${pid[$role]}" 2>/dev/null

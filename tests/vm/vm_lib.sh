@@ -26,3 +26,14 @@ make_dax() {
   [[ -c /dev/dax0.0 ]] || fail "no /dev/dax0.0 after ndctl create-namespace"
   log "dax0.0: size $(cat /sys/bus/dax/devices/dax0.0/size) align $(cat /sys/bus/dax/devices/dax0.0/align)"
 }
+# monitor ROLE CMD: has the host send CMD to guest ROLE's QEMU monitor and
+# waits (deadline 30 s) until it was sent.
+monitor() {
+  local req="$out/mon.$1.$RANDOM" deadline=$((SECONDS + 30))
+  echo "$2" >"$req.tmp" && mv "$req.tmp" "$req"
+  while [[ ! -e "$req.done" ]]; do
+    ((SECONDS < deadline)) || fail "the host did not send '$2' to guest $1"
+    sleep 0.2
+  done
+  log "monitor of guest $1: $2"
+}
