@@ -63,6 +63,7 @@ CXLRT_VM_KERNEL_DIR=$kdir
 KVER=$kver
 CXLRT=$cxlrt
 SCENARIO=$scenario
+LOCK_ADD=$(find "$build" -name vm_lock_add -type f -perm -u+x | head -1)
 export CXLRT_LOG_LEVEL=\${CXLRT_LOG_LEVEL:-warning}
 ${CXLRT_VM_GUEST_ENV:-}
 ENV
