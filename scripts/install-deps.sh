@@ -25,6 +25,7 @@ PACKAGES=(
   spin
   clang libclang-rt-14-dev llvm
   clang-format
+  qemu-system-x86 ndctl busybox-static kmod
 )
 
 missing=()
@@ -47,6 +48,26 @@ else
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# The guest kernel of the VM harness (tests/vm/run_vm.sh): the Debian
+# kernel package that linux-image-amd64 points at, downloaded (not
+# installed: nothing goes into /boot) and extracted into /var/cache/cxlrt-vm
+# (CXLRT_VM_KERNEL_DIR overrides; the harness reads the same variable), with
+# its modules.dep. Skipped when an extracted kernel is already there.
+VM_KERNEL_DIR="${CXLRT_VM_KERNEL_DIR:-/var/cache/cxlrt-vm/kernel}"
+if ! ls "$VM_KERNEL_DIR"/lib/modules/*/modules.dep >/dev/null 2>&1; then
+  kpkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+  if [[ -z "$kpkg" ]]; then
+    echo "install-deps: cannot find the kernel package of linux-image-amd64" >&2; exit 1
+  fi
+  echo "install-deps: extracting $kpkg into $VM_KERNEL_DIR (VM harness guest kernel)"
+  tmp=$(mktemp -d)
+  (cd "$tmp" && chmod 777 . && apt-get download -q "$kpkg" >/dev/null)
+  mkdir -p "$VM_KERNEL_DIR"
+  dpkg-deb -x "$tmp"/"$kpkg"_*.deb "$VM_KERNEL_DIR"
+  rm -rf "$tmp"
+  depmod -b "$VM_KERNEL_DIR" "${kpkg#linux-image-}"
 fi
 
 # The project's venv, on Debian's interpreter (the one the extension is

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cxlrt/runtime/memory_backend.h"
+#include "cxlrt/runtime/pool_layout.h"
 #include "cxlrt/runtime/units.h"
 
 namespace cxlrt::runtime {
@@ -96,8 +97,18 @@ absl::StatusOr<std::unique_ptr<MemoryBackend>> CreateDax(const PoolUri& uri, uin
   return MapDax(uri, size);
 }
 
+// A pool smaller than its device (dax:///dev/dax0.0?size=32M) records its size
+// in the header; Open maps just that much, as Create did, since the pool layer
+// requires header size == backing size. Device-DAX has no read(), so the
+// header is read through a first mapping of the whole device.
 absl::StatusOr<std::unique_ptr<MemoryBackend>> OpenDax(const PoolUri& uri) {
-  return MapDax(uri, std::nullopt);
+  auto whole = MapDax(uri, std::nullopt);
+  if (!whole.ok()) return whole;
+  const auto* h = reinterpret_cast<const volatile PoolHeaderLayout*>((*whole)->base());
+  const uint64_t size = DaxOpenSize(h->pool_size, (*whole)->size(), (*whole)->info().alignment);
+  if (size == (*whole)->size()) return whole;
+  whole->reset();
+  return MapDax(uri, size);
 }
 
 absl::Status DestroyDax(const PoolUri& uri) {
@@ -137,6 +148,14 @@ absl::StatusOr<uint64_t> ValidateDaxSize(std::optional<uint64_t> requested, uint
                                                    " (", FormatBytes(device_size), ")"));
   }
   return size;
+}
+
+uint64_t DaxOpenSize(uint64_t header_pool_size, uint64_t device_size, uint64_t alignment) {
+  if (header_pool_size == 0 || header_pool_size > device_size || alignment == 0 ||
+      header_pool_size % alignment != 0) {
+    return device_size;  // not a pool header: the pool layer says what is wrong
+  }
+  return header_pool_size;
 }
 
 absl::Status CheckDaxDevice(const std::string& path) {

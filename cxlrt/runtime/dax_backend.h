@@ -18,6 +18,12 @@ namespace cxlrt::runtime {
 absl::StatusOr<uint64_t> ValidateDaxSize(std::optional<uint64_t> requested, uint64_t device_size,
                                          uint64_t alignment, const std::string& path);
 
+// The size Open maps for a device whose first bytes hold a pool header
+// saying `header_pool_size`: that size where it fits the device and its
+// alignment (a pool created smaller than its device), else `device_size`
+// (no pool, or a corrupt header that the pool layer then reports).
+uint64_t DaxOpenSize(uint64_t header_pool_size, uint64_t device_size, uint64_t alignment);
+
 // Checks that `path` is a device-DAX character device (sysfs subsystem
 // "dax"). Returns kNotFound, kInvalidArgument or kPermissionDenied saying what
 // the path is instead.

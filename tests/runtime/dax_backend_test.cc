@@ -53,5 +53,19 @@ TEST(DaxBackendTest, SizesFollowTheDeviceAlignment) {
   CXLRT_EXPECT_OK(ValidateDaxSize(1u << 30, 4ull << 30, 1u << 30, "/dev/dax1.0"));
 }
 
+// Found by the VM harness (tests/vm): a pool created smaller than its device
+// could not be opened again ("header says the pool is 32 MiB but its backing
+// holds 254 MiB"), because Open mapped the whole device.
+TEST(DaxBackendTest, OpenMapsThePoolSizeItsHeaderRecords) {
+  EXPECT_EQ(DaxOpenSize(32u << 20, 254u << 20, 2u << 20), 32u << 20);
+  EXPECT_EQ(DaxOpenSize(254u << 20, 254u << 20, 2u << 20), 254u << 20);
+}
+
+TEST(DaxBackendTest, OpenMapsTheWholeDeviceWhenTheHeaderSizeCannotBeAPool) {
+  EXPECT_EQ(DaxOpenSize(0, 254u << 20, 2u << 20), 254u << 20);           // no pool
+  EXPECT_EQ(DaxOpenSize(1ull << 40, 254u << 20, 2u << 20), 254u << 20);  // too big
+  EXPECT_EQ(DaxOpenSize(33u << 20, 254u << 20, 2u << 20), 254u << 20);   // unaligned
+}
+
 }  // namespace
 }  // namespace cxlrt::runtime
