@@ -220,7 +220,7 @@ int Victim(const std::string& uri, RoundState* st, const std::string& fault, uin
         if (end) comm_up = false;
       } else {
         comm_up = false;
-        if (!h->membership->CheckLease().ok()) {
+        if (!h->membership->CheckSelf().ok()) {
           fenced_by = e;
           break;
         }
