@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <optional>
 #include <string>
 
@@ -79,6 +80,19 @@ std::string ProbeGpuPath() {
 
 }  // namespace
 
+// The kernel's clock source, and whether it counts a pause of the VM it
+// runs in (docs/membership.md, "A clock that stops with the host").
+std::string ClockSourceLine(std::string* name) {
+  std::ifstream f("/sys/devices/system/clocksource/clocksource0/current_clocksource");
+  if (!(f >> *name)) *name = "unknown";
+  if (*name == "kvm-clock" || *name == "xen" || *name == "hyperv_clocksource_tsc_page") {
+    return absl::StrCat(*name,
+                        ": stops while the VM is paused; a paused host learns of its "
+                        "fencing from the pool, on its next call");
+  }
+  return *name;
+}
+
 int Doctor(bool as_json) {
   const auto& cpu = runtime::GetCpuFeatures();
   std::vector<runtime::NumaNode> nodes = runtime::ReadNumaNodes();
@@ -89,6 +103,8 @@ int Doctor(bool as_json) {
   auto huge = runtime::ReadHugePages();
   CudaInfo cuda = ProbeCuda();
   const std::string gpu = ProbeGpuPath();
+  std::string clocksource;
+  const std::string clock_line = ClockSourceLine(&clocksource);
   auto choice = runtime::ChooseEmulationNode(nodes, std::nullopt, runtime::CurrentNode());
   std::vector<int> cpuless;
   for (const auto& n : nodes) {
@@ -188,6 +204,7 @@ int Doctor(bool as_json) {
                  {"note", cuda.note},
                  {"gpu_data_path", gpu}};
     j["emulation_node"] = choice.ok() ? json(choice->node) : json();
+    j["clocksource"] = clocksource;
     j["cxl_present"] = have_cxl;
     j["verdict"] = verdict;
     json config = json::object();
@@ -244,6 +261,7 @@ int Doctor(bool as_json) {
   std::printf("cuda         toolkit %s; %s\n",
               cuda.toolkit.empty() ? "not found" : cuda.toolkit.c_str(), cuda.note.c_str());
   std::printf("gpu path     %s%s", gpu.c_str(), gpu.empty() || gpu.back() != '\n' ? "\n" : "");
+  std::printf("clock        %s\n", clock_line.c_str());
   std::printf("pool         %s\n", verdict.c_str());
   // Every knob: the value in effect and whether the environment set it.
   const char* label = "knobs";

@@ -99,7 +99,9 @@ class Allocator::Impl {
   bool Usable() const {
     return !closed_.load(std::memory_order_relaxed) && membership_.LeaseHeld();
   }
-  absl::Status CheckUsable() { return Usable() ? absl::OkStatus() : Unusable(); }
+  // The slow paths' check: Usable, and the host's slot read from the pool
+  // (Membership::ConfirmLease). The cached paths check Usable only.
+  absl::Status CheckUsable() { return Usable() ? membership_.ConfirmLease() : Unusable(); }
   absl::Status Unusable();
   absl::Status FreeLocked(PoolOffset offset, bool allow_named);
   // The body of CommitDurable / FreeDurable.

@@ -6,6 +6,7 @@
 #include "cxlrt/collectives/communicator_impl.h"
 #include "cxlrt/gpu/gpu.h"
 #include "cxlrt/gpu/memory.h"
+#include "cxlrt/runtime/membership.h"
 
 namespace cxlrt::collectives {
 
@@ -91,6 +92,9 @@ absl::StatusOr<algorithms::Call> Communicator::Impl::Begin(CollKind kind, DataTy
   if (static_cast<int>(type) >= kNumDataTypes || static_cast<int>(op) >= kNumRedOps) {
     return absl::InvalidArgumentError(absl::StrCat(CollKindName(kind), ": unknown type or op"));
   }
+  // This host's slots are written from here on: the lease, and the slot
+  // read from the pool (each post checks the lease again).
+  CXLRT_RETURN_IF_ERROR(alloc_.membership().ConfirmLease());
   CallDesc d;
   d.kind = static_cast<uint8_t>(kind);
   d.type = static_cast<uint8_t>(type);

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cxlrt/collectives/communicator_impl.h"
+#include "cxlrt/runtime/membership.h"
 #include "cxlrt/runtime/status_macros.h"
 
 namespace cxlrt::collectives {
@@ -80,6 +81,8 @@ absl::Status Communicator::Impl::Send(const void* buf, size_t count, DataType ty
         absl::StrCat("Send to rank ", peer, " from rank ", rank_, " of ", nranks_));
   }
   CXLRT_ASSIGN_OR_RETURN(CopyEngine * engine, EngineFor("Send", {buf}, stream));
+  runtime::Membership& m = alloc_.membership();
+  CXLRT_RETURN_IF_ERROR(m.ConfirmLease());  // the channel is this host's to write
   deadline_ = absl::Now() + options_.timeout;
   // Copies still in flight read `buf` and write the channel: they end
   // before the error returns (SettleAfterError).
@@ -120,6 +123,9 @@ absl::Status Communicator::Impl::Send(const void* buf, size_t count, DataType ty
         deadline_, "the receiver", watch(), kDataPathYield, spins_);
     if (!progress.ok()) return failed(progress);
     if (!s.ok()) return failed(s);
+    if (!m.LeaseHeld()) {
+      if (absl::Status l = m.CheckLease(); !l.ok()) return failed(l);
+    }
     copying.push_back({q, len, engine->ToPool(P2pBufferAt(rank_, peer, q), in + at, len)});
     if (absl::Status p = publish(/*wait=*/false); !p.ok()) return failed(p);
   }
@@ -139,6 +145,8 @@ absl::Status Communicator::Impl::Recv(void* buf, size_t count, DataType type, in
         absl::StrCat("Recv from rank ", peer, " at rank ", rank_, " of ", nranks_));
   }
   CXLRT_ASSIGN_OR_RETURN(CopyEngine * engine, EngineFor("Recv", {buf}, stream));
+  // It writes the channel's consumed counter, this host's to write.
+  CXLRT_RETURN_IF_ERROR(alloc_.membership().ConfirmLease());
   deadline_ = absl::Now() + options_.timeout;
   // Copies still in flight write `buf`: they end before the error returns.
   auto failed = [&](const absl::Status& s) {

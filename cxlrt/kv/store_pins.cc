@@ -33,7 +33,7 @@ absl::StatusOr<size_t> Store::Impl::Lookup(absl::string_view ns,
   const uint64_t beat_ms =
       std::max<int64_t>(absl::ToInt64Milliseconds(membership_.heartbeat_period()), 1);
   // Pins are this host's writes: under a held lease.
-  CXLRT_RETURN_IF_ERROR(membership_.CheckLease());
+  CXLRT_RETURN_IF_ERROR(membership_.ConfirmLease());
   PinLayout pin = {};
   pin.epoch = membership_.epoch();
   pin.expires_beat = c_.LoadFlag(pool_.OwnerLineOffset(me_)) +

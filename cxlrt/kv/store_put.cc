@@ -93,7 +93,7 @@ absl::StatusOr<Store::Impl::Reserved> Store::Impl::Reserve(uint32_t ns, absl::st
   // Index entries, the block's bytes and the commit are this host's
   // writes: under a held lease (docs/membership.md, "Leases"); the commit
   // checks it again (CommitDurable).
-  CXLRT_RETURN_IF_ERROR(membership_.CheckLease());
+  CXLRT_RETURN_IF_ERROR(membership_.ConfirmLease());
   if (size == 0) return absl::InvalidArgumentError("a value of 0 bytes");
   const uint64_t quota = QuotaOf(ns);
   if (quota != 0 && size > quota) {
@@ -250,7 +250,7 @@ absl::Status Store::Impl::Delete(absl::string_view ns, absl::string_view key) {
   CXLRT_RETURN_IF_ERROR(CheckName("key", key, kMaxKeyBytes));
   CXLRT_ASSIGN_OR_RETURN(uint32_t id, NamespaceId(ns, false));
   const uint64_t hash = KeyHash(id, key);
-  CXLRT_RETURN_IF_ERROR(membership_.CheckLease());
+  CXLRT_RETURN_IF_ERROR(membership_.ConfirmLease());
   std::unique_lock<std::mutex> lock(mu_);
   CXLRT_ASSIGN_OR_RETURN(auto found, Search(id, key, hash, me_));
   if (!found) {

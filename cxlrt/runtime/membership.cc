@@ -464,6 +464,20 @@ void Membership::MarkFenced() {
   fenced_.store(true, std::memory_order_release);
 }
 
+absl::Status Membership::ConfirmLease() {
+  CXLRT_RETURN_IF_ERROR(CheckLease());
+  // The epoch is the control line's first word; only a fence, a detach or
+  // a release changes it while this host holds the slot.
+  const uint64_t epoch = pool_.coherence().LoadFlag(pool_.ControlLineOffset(slot_));
+  if (epoch == epoch_ || leaving_.load()) return absl::OkStatus();
+  MarkFenced();
+  CXLRT_LOG(kError) << "this host (slot " << slot_ << " of " << pool_.name()
+                    << ") finds itself fenced (epoch " << epoch_ << " -> " << epoch
+                    << ") with its lease unexpired on its own clock: a pause its clock did not "
+                       "count (a paused VM?); it stops writing to the pool";
+  return FencedError();
+}
+
 void Membership::Beat() {
   pool_.coherence().StoreFlag(pool_.OwnerLineOffset(slot_), beat_base_ + ++beats_);
 }

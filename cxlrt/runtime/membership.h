@@ -141,6 +141,12 @@ class Membership {
   // OK when the lease is held; else renews it (RenewLease). Every metadata
   // write path calls this (or LeaseHeld, then this) before its stores.
   absl::Status CheckLease() { return LeaseHeld() ? absl::OkStatus() : RenewLease(); }
+  // CheckLease, then this host's control line read from the pool: kAborted
+  // when a survivor fenced it. For calls that can afford one pool read
+  // (a KV put, a collective call, the allocator's slow paths): a host whose
+  // clock did not count a pause (a VM's kvm-clock stops while the VM is
+  // paused, by design) passes the lease check, not this one.
+  absl::Status ConfirmLease();
   // Beats, fences (store before load), re-reads this host's slot: kAborted
   // when a survivor fenced it (then for good), kFailedPrecondition when not
   // attached; else the lease runs to the beat's time + lease - margin.

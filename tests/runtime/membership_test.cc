@@ -488,6 +488,30 @@ TEST_P(MembershipTest, AStoppedHostLearnsItWasFencedAtItsNextWriteNotItsNextBeat
   EXPECT_EQ(WaitExit(victim), 0) << "2: wrote after the fence; 3: wrong error; 4: lease kept";
 }
 
+TEST_P(MembershipTest, AFenceItsClockDidNotSeeComingIsCaughtByTheSlotRead) {
+  // A paused VM's clock does not count the pause (kvm-clock stops, by
+  // design): it resumes with its lease unexpired on its own clock, fenced.
+  // Stand-in: a forced fence of a host whose lease has seconds left.
+  const std::string uri = MakePool();
+  auto pool_a = Pool::Open(uri);
+  auto pool_b = Pool::Open(uri);
+  CXLRT_ASSERT_OK(pool_a);
+  CXLRT_ASSERT_OK(pool_b);
+  AttachOptions slow = Fast(0);
+  slow.lease = absl::Seconds(20);
+  slow.heartbeat = absl::Seconds(5);  // no beat during the test
+  auto a = Membership::Attach(**pool_a, slow);
+  CXLRT_ASSERT_OK(a);
+  auto b = Membership::Attach(**pool_b, Fast(1));
+  CXLRT_ASSERT_OK(b);
+  CXLRT_ASSERT_OK((*b)->Fence(0, /*force=*/true));
+  // The clock alone still says yes; the slot read from the pool says no.
+  CXLRT_EXPECT_OK((*a)->CheckLease());
+  CXLRT_EXPECT_ERROR((*a)->ConfirmLease(), absl::StatusCode::kAborted, "fenced");
+  EXPECT_TRUE((*a)->fenced());
+  EXPECT_FALSE((*a)->LeaseHeld()) << "a host that found its fence kept its lease";
+}
+
 TEST_P(MembershipTest, AFencedHostThatStillBeatsIsNotQuietUntilItStops) {
   const std::string uri = MakePool();
   Channel ready, fenced_seen;
