@@ -171,8 +171,9 @@ absl::StatusOr<std::vector<FaultRule>> ParseFaultSpec(absl::string_view spec) {
   for (absl::string_view item : absl::StrSplit(spec, ',', absl::SkipEmpty())) {
     std::vector<std::string> parts = absl::StrSplit(item, ':');
     if (parts.size() < 2 || parts.size() > 3) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "fault '", item, "' is not point:action[:count] (actions: crash, stall=MS, stop, corrupt)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("fault '", item,
+                       "' is not point:action[:count] (actions: crash, stall=MS, stop, corrupt)"));
     }
     FaultRule r;
     r.point = parts[0];

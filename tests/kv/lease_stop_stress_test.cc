@@ -41,7 +41,7 @@ using runtime::CoherenceDomain;
 using runtime::Pool;
 
 constexpr absl::Duration kLease = absl::Milliseconds(250);
-constexpr int kMaxPuts = 300;  // per round: the index (1024 entries per host) stays sparse
+constexpr int kMaxPuts = 300;   // per round: the index (1024 entries per host) stays sparse
 constexpr size_t kCount = 512;  // int32 elements of each all-reduce
 
 int64_t NowNs() {
@@ -56,17 +56,17 @@ struct RoundState {
   std::atomic<int> s_ready, v_ready, d_finish, s_may_close, v_done;
   std::atomic<uint32_t> v_slot;
   std::atomic<uint64_t> v_epoch;
-  std::atomic<int> v_puts;                 // puts recorded in put_ns
-  int64_t put_ns[kMaxPuts];                // when put i returned OK (0: it did not)
-  std::atomic<int> v_aborted;              // a call of the victim returned kAborted (fenced)
-  std::atomic<int> v_reattached;           // a fresh host put and read a key
-  std::atomic<int> v_late_acks;            // calls that returned OK after the observed fence
-  std::atomic<int64_t> s_fence_seen_ns;    // the survivor first saw the victim fenced or freed
-  std::atomic<int> s_recovered;            // the survivor saw the victim's slot recovered
-  std::atomic<int> missing;                // recorded puts not found at the end
+  std::atomic<int> v_puts;               // puts recorded in put_ns
+  int64_t put_ns[kMaxPuts];              // when put i returned OK (0: it did not)
+  std::atomic<int> v_aborted;            // a call of the victim returned kAborted (fenced)
+  std::atomic<int> v_reattached;         // a fresh host put and read a key
+  std::atomic<int> v_late_acks;          // calls that returned OK after the observed fence
+  std::atomic<int64_t> s_fence_seen_ns;  // the survivor first saw the victim fenced or freed
+  std::atomic<int> s_recovered;          // the survivor saw the victim's slot recovered
+  std::atomic<int> missing;              // recorded puts not found at the end
   std::atomic<int> wrong_bytes, lost_commits, audit_problems, errors;
   std::atomic<int> allreduces;
-  std::atomic<uint64_t> evictions;         // the checker's count (no quota: should be 0)
+  std::atomic<uint64_t> evictions;  // the checker's count (no quota: should be 0)
   char error_text[1024];
 };
 
@@ -113,7 +113,8 @@ absl::StatusOr<Host> AttachHost(const std::string& uri, bool comm, int rank) {
   if (comm) {
     collectives::CommOptions co;
     co.timeout = absl::Seconds(10);
-    CXLRT_ASSIGN_OR_RETURN(h.comm, collectives::Communicator::Create(*h.alloc, "stress", 2, rank, co));
+    CXLRT_ASSIGN_OR_RETURN(h.comm,
+                           collectives::Communicator::Create(*h.alloc, "stress", 2, rank, co));
   }
   return h;
 }
@@ -358,8 +359,8 @@ int Survivor(const std::string& uri, RoundState* st) {
           // Only a victim seen dead may end the collectives.
           auto v = h->membership->Host(vslot);
           if (!v.ok() || v->liveness == runtime::Liveness::kAlive) {
-            Note(st, absl::StrCat("survivor all-reduce ", iter - 1, " with a live victim: ",
-                                  e.ToString()));
+            Note(st, absl::StrCat("survivor all-reduce ", iter - 1,
+                                  " with a live victim: ", e.ToString()));
           }
         }
       }
@@ -449,8 +450,8 @@ TEST_P(LeaseStopStressTest, StoppedHostsAreFencedOrSurviveAndNothingIsLostOrWron
   // one past lease + margin + a few beats and the survivor's recovery period
   // should be. Between: either.
   const double short_below = lease_ms, long_above = lease_ms * 1.25 + 150;
-  auto* st = static_cast<RoundState*>(mmap(nullptr, sizeof(RoundState), PROT_READ | PROT_WRITE,
-                                           MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  auto* st = static_cast<RoundState*>(
+      mmap(nullptr, sizeof(RoundState), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   ASSERT_NE(st, MAP_FAILED);
   Totals t;
   const char* kPoints[] = {"alloc.tick.begin", "kv.put.copied", "coll.post.begin",
@@ -466,7 +467,9 @@ TEST_P(LeaseStopStressTest, StoppedHostsAreFencedOrSurviveAndNothingIsLostOrWron
     std::string fault;
     const int how = static_cast<int>(rng() % 8);
     if (how < 4) {
-      const uint64_t count = how == 0 ? 50 + rng() % 200 : how == 3 ? 3 + rng() % 10 : 5 + rng() % 60;
+      const uint64_t count = how == 0   ? 50 + rng() % 200
+                             : how == 3 ? 3 + rng() % 10
+                                        : 5 + rng() % 60;
       fault = absl::StrCat(kPoints[how], ":stop:", count);
     }
     const double stop_ms = lease_ms * (0.5 + 2.5 * static_cast<double>(rng() % 1000) / 1000.0);
@@ -555,15 +558,15 @@ TEST_P(LeaseStopStressTest, StoppedHostsAreFencedOrSurviveAndNothingIsLostOrWron
     t.errors += st->errors.load();
     t.allreduces += st->allreduces.load();
     for (int i = 0; i < st->v_puts.load(); ++i) t.puts += st->put_ns[i] != 0;
-    printf("%s round %d: %s stop %.0f ms (lease %.0f): %s%s%s%s; puts %d, late acks %d, "
-           "evictions %lu, audit %d, lost %d, wrong %d, errors %d%s%s\n",
-           domain.c_str(), round, fault.empty() ? "external" : fault.c_str(), ms, lease_ms,
-           fenced ? "fenced" : "not fenced", st->s_recovered ? ", recovered" : "",
-           st->v_aborted ? ", victim aborted" : "", st->v_reattached ? ", re-attached" : "",
-           st->v_puts.load(), st->v_late_acks.load(),
-           static_cast<unsigned long>(st->evictions.load()), st->audit_problems.load(),
-           st->lost_commits.load(), st->wrong_bytes.load(), st->errors.load(),
-           st->errors ? ": " : "", st->errors ? st->error_text : "");
+    printf(
+        "%s round %d: %s stop %.0f ms (lease %.0f): %s%s%s%s; puts %d, late acks %d, "
+        "evictions %lu, audit %d, lost %d, wrong %d, errors %d%s%s\n",
+        domain.c_str(), round, fault.empty() ? "external" : fault.c_str(), ms, lease_ms,
+        fenced ? "fenced" : "not fenced", st->s_recovered ? ", recovered" : "",
+        st->v_aborted ? ", victim aborted" : "", st->v_reattached ? ", re-attached" : "",
+        st->v_puts.load(), st->v_late_acks.load(), static_cast<unsigned long>(st->evictions.load()),
+        st->audit_problems.load(), st->lost_commits.load(), st->wrong_bytes.load(),
+        st->errors.load(), st->errors ? ": " : "", st->errors ? st->error_text : "");
     fflush(stdout);
   }
   munmap(st, sizeof(RoundState));
@@ -592,8 +595,7 @@ TEST_P(LeaseStopStressTest, StoppedHostsAreFencedOrSurviveAndNothingIsLostOrWron
 }
 
 INSTANTIATE_TEST_SUITE_P(Domains, LeaseStopStressTest,
-                         ::testing::Values(CoherenceDomain::kSimulated,
-                                           CoherenceDomain::kHardware),
+                         ::testing::Values(CoherenceDomain::kSimulated, CoherenceDomain::kHardware),
                          [](const auto& info) {
                            return std::string(runtime::CoherenceDomainName(info.param));
                          });
