@@ -65,9 +65,13 @@ struct RoundState {
   std::atomic<int> v_late_acks;  // calls that returned OK after the observed fence
   std::atomic<int64_t> s_fence_seen_ns;  // the survivor first saw the victim fenced or freed
   std::atomic<int> s_recovered;
-  std::atomic<int> s_comm_failed;  // the survivor's all-reduce failed (its peer dead)          //
-                                   // the survivor saw the victim's slot recovered
-  std::atomic<int> missing;        // recorded puts not found at the end
+  std::atomic<int> s_comm_failed;
+  std::atomic<int> s_seen_liveness,
+      s_end_liveness;  // the victim's slot when the fence was seen, at the end
+  std::atomic<uint64_t> s_seen_epoch,
+      s_end_epoch;           // the survivor's all-reduce failed (its peer dead)          //
+                             // the survivor saw the victim's slot recovered
+  std::atomic<int> missing;  // recorded puts not found at the end
   std::atomic<int> wrong_bytes, lost_commits, audit_problems, errors;
   std::atomic<int> allreduces;
   std::atomic<uint64_t> evictions;  // the checker's count (no quota: should be 0)
@@ -344,7 +348,11 @@ int Survivor(const std::string& uri, RoundState* st) {
         (v->liveness == runtime::Liveness::kFenced ||
          (v->record.epoch != vepoch && st->d_finish.load() == 0))) {
       st->s_fence_seen_ns = NowNs();
+      st->s_seen_liveness = static_cast<int>(v->liveness);
+      st->s_seen_epoch = v->record.epoch;
     }
+    st->s_end_liveness = static_cast<int>(v->liveness);
+    st->s_end_epoch = v->record.epoch;
     if (st->s_fence_seen_ns.load() != 0 && v->liveness != runtime::Liveness::kFenced &&
         v->liveness != runtime::Liveness::kDead) {
       st->s_recovered = 1;  // released (free) or taken again at a later epoch
@@ -581,6 +589,14 @@ TEST_P(LeaseStopStressTest, StoppedHostsAreFencedOrSurviveAndNothingIsLostOrWron
         st->v_puts.load(), st->v_late_acks.load(), static_cast<unsigned long>(st->evictions.load()),
         st->audit_problems.load(), st->lost_commits.load(), st->wrong_bytes.load(),
         st->errors.load(), st->errors ? ": " : "", st->errors ? st->error_text : "");
+    if (fenced) {
+      printf("  victim slot %u epoch %lu: seen as %s at epoch %lu, at the end %s at epoch %lu\n",
+             st->v_slot.load(), static_cast<unsigned long>(st->v_epoch.load()),
+             runtime::LivenessName(static_cast<runtime::Liveness>(st->s_seen_liveness.load())),
+             static_cast<unsigned long>(st->s_seen_epoch.load()),
+             runtime::LivenessName(static_cast<runtime::Liveness>(st->s_end_liveness.load())),
+             static_cast<unsigned long>(st->s_end_epoch.load()));
+    }
     fflush(stdout);
   }
   munmap(st, sizeof(RoundState));
@@ -598,6 +614,7 @@ TEST_P(LeaseStopStressTest, StoppedHostsAreFencedOrSurviveAndNothingIsLostOrWron
   EXPECT_EQ(t.audit_problems, 0);
   EXPECT_EQ(t.lost_commits, 0);
   EXPECT_EQ(t.wrong_bytes, 0);
+  EXPECT_EQ(t.late_acks, 0) << "calls of the victim returned OK after the survivor saw it fenced";
   EXPECT_EQ(t.short_fenced, 0) << "a host stopped for less than its lease was fenced";
   EXPECT_EQ(t.errors, 0);
   EXPECT_EQ(t.hung, 0);
