@@ -840,6 +840,7 @@ absl::Status Allocator::Impl::FreeNamed(absl::string_view name) {
 }
 
 absl::Status Allocator::Impl::Tick() {
+  CXLRT_FAULT_POINT("alloc.tick.begin");
   const auto thread_cached = ThreadCached();
   std::lock_guard<std::mutex> lock(mu_);
   CXLRT_RETURN_IF_ERROR(CheckUsable());

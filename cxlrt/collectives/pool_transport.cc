@@ -70,6 +70,7 @@ absl::Status PoolTransport::WaitFailed(absl::Status s, int j, const char* what) 
 }
 
 absl::StatusOr<uint64_t> PoolTransport::Stage() {
+  CXLRT_FAULT_POINT("coll.post.begin");
   const uint64_t s = staged_ + 1;
   // Post s reuses the slot and post line of post s - depth: every peer must
   // have read it.

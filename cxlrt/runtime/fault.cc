@@ -1,5 +1,6 @@
 #include "cxlrt/runtime/fault.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -44,6 +45,9 @@ constexpr FaultPointInfo kFaultPoints[] = {
      "not initialised"},
     {"alloc.huge.after_tails",
      "a huge allocation marked its tail segments; its head entry is not written"},
+    {"alloc.tick.begin",
+     "the allocator's tick is about to run (drain rings, publish counters); nothing is checked or "
+     "written yet"},
     {"alloc.allocate.done",
      "a small block is marked allocated and handed out; the caller has not got it yet"},
     {"alloc.free.after_bitmap",
@@ -65,6 +69,9 @@ constexpr FaultPointInfo kFaultPoints[] = {
      "a new KV store's block is allocated and zeroed; its header is not written yet"},
     {"kv.evict.unsealed",
      "a KV eviction unsealed its entries (state evicting); their blocks are still durable"},
+    {"coll.post.begin",
+     "a rank is about to stage a post of a collective round; its lease is not checked and its "
+     "slot not written yet"},
     {"coll.round.posted",
      "a rank published its post of a collective round (data and descriptor); its round flag is "
      "not yet stored"},
@@ -129,6 +136,15 @@ void Hit(const char* point, Coherence* coherence, uint64_t offset, size_t n) {
       CXLRT_LOG(kWarning) << "fault point " << point << ": stall " << fire.stall_ms << " ms";
       absl::SleepFor(absl::Milliseconds(fire.stall_ms));
       return;
+    case FaultAction::kStop: {
+      // Only this process stops; its threads stop with it (SIGSTOP stops
+      // the whole thread group). A driver sends SIGCONT.
+      std::string msg = absl::StrCat("cxlrt: fault point ", point, ": stop (pid ", getpid(), ")\n");
+      ssize_t ignored = write(STDERR_FILENO, msg.data(), msg.size());
+      (void)ignored;
+      raise(SIGSTOP);
+      return;
+    }
     case FaultAction::kCorrupt:
       if (coherence == nullptr || n == 0) {
         CXLRT_LOG(kError) << "fault point " << point << " has no written line to corrupt";
@@ -155,8 +171,9 @@ absl::StatusOr<std::vector<FaultRule>> ParseFaultSpec(absl::string_view spec) {
   for (absl::string_view item : absl::StrSplit(spec, ',', absl::SkipEmpty())) {
     std::vector<std::string> parts = absl::StrSplit(item, ':');
     if (parts.size() < 2 || parts.size() > 3) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "fault '", item, "' is not point:action[:count] (actions: crash, stall=MS, corrupt)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("fault '", item,
+                       "' is not point:action[:count] (actions: crash, stall=MS, stop, corrupt)"));
     }
     FaultRule r;
     r.point = parts[0];
@@ -169,6 +186,8 @@ absl::StatusOr<std::vector<FaultRule>> ParseFaultSpec(absl::string_view spec) {
     const std::string& action = parts[1];
     if (action == "crash") {
       r.action = FaultAction::kCrash;
+    } else if (action == "stop") {
+      r.action = FaultAction::kStop;
     } else if (action == "corrupt") {
       r.action = FaultAction::kCorrupt;
     } else if (action.rfind("stall=", 0) == 0 && absl::SimpleAtoi(action.substr(6), &r.stall_ms) &&
@@ -176,7 +195,7 @@ absl::StatusOr<std::vector<FaultRule>> ParseFaultSpec(absl::string_view spec) {
       r.action = FaultAction::kStall;
     } else {
       return absl::InvalidArgumentError(absl::StrCat("fault action '", action, "' in '", item,
-                                                     "' is not crash, stall=MS or corrupt"));
+                                                     "' is not crash, stall=MS, stop or corrupt"));
     }
     if (parts.size() == 3 && (!absl::SimpleAtoi(parts[2], &r.count) || r.count == 0)) {
       return absl::InvalidArgumentError(

@@ -1,11 +1,13 @@
 // Fault injection: named points compiled into the runtime (and the layers
-// above) where a test can crash, stall, or corrupt the line just written,
+// above) where a test can crash, stall, stop, or corrupt the line just written,
 // switched on by CXLRT_FAULT=point:action[:count][,point:action[:count]...].
 //
 //   actions  crash       _exit(kFaultExitCode) at once (no destructors, no flush)
 //            stall=MS    sleep MS milliseconds
 //            corrupt     flip every bit of the last byte of the range just
 //                        written at this point, and publish it
+//            stop        raise(SIGSTOP): the whole process stops until someone
+//                        sends SIGCONT (a stress driver, after a delay it picks)
 //   count    fire at the count-th time the point is reached (default 1), once
 //
 // docs/faults.md lists every point (kFaultPoints in fault.cc is the list;
@@ -39,7 +41,7 @@ struct FaultPointInfo {
 // Every fault point of the code base.
 std::span<const FaultPointInfo> FaultPoints();
 
-enum class FaultAction { kCrash, kStall, kCorrupt };
+enum class FaultAction { kCrash, kStall, kCorrupt, kStop };
 
 struct FaultRule {
   std::string point;

@@ -3,6 +3,9 @@
 // what the survivors can handle.
 #include "cxlrt/runtime/fault.h"
 
+#include <signal.h>
+#include <sys/wait.h>
+
 #include <fstream>
 #include <sstream>
 
@@ -31,16 +34,35 @@ AttachOptions Fast(std::optional<uint32_t> slot = std::nullopt) {
 TEST(FaultSpecTest, ParsesEveryAction) {
   auto rules = ParseFaultSpec(
       "bakery.locked:crash,membership.heartbeat:stall=250:3,"
-      "coherence.publish:corrupt:2");
+      "coherence.publish:corrupt:2,alloc.tick.begin:stop:4");
   CXLRT_ASSERT_OK(rules);
-  ASSERT_EQ(rules->size(), 3u);
+  ASSERT_EQ(rules->size(), 4u);
   EXPECT_EQ((*rules)[0].action, FaultAction::kCrash);
   EXPECT_EQ((*rules)[0].count, 1u);
   EXPECT_EQ((*rules)[1].action, FaultAction::kStall);
   EXPECT_EQ((*rules)[1].stall_ms, 250u);
   EXPECT_EQ((*rules)[1].count, 3u);
   EXPECT_EQ((*rules)[2].action, FaultAction::kCorrupt);
+  EXPECT_EQ((*rules)[3].action, FaultAction::kStop);
+  EXPECT_EQ((*rules)[3].count, 4u);
   CXLRT_EXPECT_OK(ParseFaultSpec(""));
+}
+
+// `stop` stops the process at the point's count-th hit, and it runs on
+// from there after SIGCONT.
+TEST(FaultStopTest, StopsTheProcessUntilContinued) {
+  pid_t pid = Spawn([] {
+    if (!ArmFaults("coll.post.begin:stop:2").ok()) return 10;
+    CXLRT_FAULT_POINT("coll.post.begin");  // first hit: runs on
+    CXLRT_FAULT_POINT("coll.post.begin");  // second: stops here
+    return 0;
+  });
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, WUNTRACED), pid);
+  ASSERT_TRUE(WIFSTOPPED(status)) << "the child did not stop (status " << status << ")";
+  EXPECT_EQ(WSTOPSIG(status), SIGSTOP);
+  kill(pid, SIGCONT);
+  EXPECT_EQ(WaitExit(pid), 0);
 }
 
 TEST(FaultSpecTest, BadSpecsNameTheBadPart) {
