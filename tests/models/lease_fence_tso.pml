@@ -13,7 +13,10 @@
  *   landing of its metadata store, Clock does not pass c + WBOUND,
  *   WBOUND = 2M - 1 by default (the note: a longer freeze between check and
  *   store can land the store after recovery; only hardware fencing closes
- *   that). -DWINDOW drops the assumption.
+ *   that). -DWINDOW drops the assumption. The bound is not tight: with a
+ *   lease read on whole ticks (c <= t0 + L - M - 1, recovery >= t0 + L + M
+ *   + 1) the model verifies up to -DWBOUND=2M+1 and fails at 2M+2 (checked
+ *   for M = 1 and M = 2), i.e. "a freeze of more than 2M" as the note says.
  *
  * Every clock read is `now`: the hosts' clocks run at the same rate (D = 0;
  * clocks of different hosts are never compared, so a common `now` loses
@@ -42,7 +45,11 @@
  *
  * Bounds that keep the search small (each only removes behaviours): at most
  * BEATS renewals in the whole run (a further renewal blocks: that thread
- * froze), WRITES metadata writes, S recovers once.
+ * froze), WRITES metadata writes, S recovers once, the clock stops at TMAX.
+ * TMAX = 12 leaves room for S's second wait (dead at >= 5, the beat moves
+ * under the fence, still again > L + M: recovery at >= 10; at TMAX = 9 no
+ * run reaches it). Larger bounds verify too (TMAX=16 BEATS=5 WRITES=3:
+ * 17 M states, 30 s), too slow for every ctest run.
  *
  * Broken variants (each must fail):
  *  -DNO_LEASE_CHECK  the writer checks only the fenced flag (before issue 27)
@@ -50,18 +57,22 @@
  *  -DNO_S_RECHECK    S recovers right after storing the fence
  *  -DWINDOW          the writer may freeze without bound between check and store
  */
+#ifndef L
 #define L 3
+#endif
+#ifndef M
 #define M 1
+#endif
 #define LEASE (L - M)        /* a renew at t0 gives a lease until t0 + L - M */
 #define DEAD (L + M)         /* S: dead once the beat stood still > L + M (D = 0) */
 #ifndef WBOUND
 #define WBOUND (2 * M - 1)
 #endif
 #ifndef TMAX
-#define TMAX 9
+#define TMAX 12
 #endif
 #ifndef BEATS
-#define BEATS 3
+#define BEATS 4
 #endif
 #ifndef WRITES
 #define WRITES 2
@@ -127,7 +138,8 @@ end_bound:                         /* the bound on renewals (under renew_mu_): *
   FENCE_H;                         /* FenceStoresBeforeLoads */
   atomic {
     if
-    :: epoch_mem != 0 -> fenced = true; valid_until = 0; in_window = false  /* MarkFenced */
+    :: epoch_mem != 0 ->           /* MarkFenced; the writer then stores nothing */
+       fenced = true; valid_until = 0; if :: w -> in_window = false :: else -> skip fi
     :: else -> if :: t0 + LEASE > valid_until -> valid_until = t0 + LEASE :: else -> skip fi
     fi;
     t0 = 0
