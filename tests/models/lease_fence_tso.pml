@@ -56,6 +56,9 @@
  *  -DNO_H_FENCE      RenewLease without the mfence between beat store and load
  *  -DNO_S_RECHECK    S recovers right after storing the fence
  *  -DWINDOW          the writer may freeze without bound between check and store
+ * and two more that fail (not in ctest: NO_S_RECHECK covers both at once):
+ *  -DNO_S_FENCE      S waits as written but without the mfence before the reload
+ *  -DNO_S_WAIT       S recovers after the fence whether or not the beat moved
  */
 #ifndef L
 #define L 3
@@ -201,13 +204,17 @@ end_obs:
   /* Fence, under the pool lock (epoch still the one seen): store epoch+1 */
   sb_s!1;
 #ifndef NO_S_RECHECK
+#ifndef NO_S_FENCE
   (len(sb_s) == 0);                     /* Quiet: FenceStoresBeforeLoads */
+#endif
   /* Quiet: the beat reloaded; recover once it has stood still > L + M
    * since it last moved (at once if it did not move) */
+#ifndef NO_S_WAIT
 end: do
   :: atomic { beat_mem != seen -> seen = beat_mem; since = now }
   :: atomic { beat_mem == seen && now - since > DEAD -> break }
   od;
+#endif
 #endif
   recovering = true                     /* reads / claims H's metadata */
 }
