@@ -267,6 +267,13 @@ absl::Status Allocator::Impl::Init() {
     std::lock_guard<std::mutex> lock(registry_->mu);
     registry_->give_back = [this](ThreadCache& tc) {
       std::lock_guard<std::mutex> l(mu_);
+      // Returning blocks writes the arena (bitmaps, its version): only
+      // with the lease. A fenced host's cached blocks stay handed out;
+      // the survivor that recovers the arena reclaims them.
+      if (!membership_.ConfirmLease().ok()) {
+        for (uint32_t c = 0; c < kNumClasses; ++c) tc.bins[c].count.store(0);
+        return;
+      }
       for (uint32_t c = 0; c < kNumClasses; ++c) ReturnBlocks(tc, c, tc.bins[c].count);
     };
   }
@@ -886,12 +893,18 @@ absl::StatusOr<std::vector<uint32_t>> Allocator::Impl::RecoverDeadHosts() {
       if (!f.ok()) continue;  // came back to life, or someone else fenced it
     }
     // Fenced, but maybe still holding a lease it renewed as the fence
-    // landed: its arena waits for a later round.
-    CXLRT_ASSIGN_OR_RETURN(bool quiet, membership_.Quiet(s));
-    if (!quiet) continue;
+    // landed: its arena waits for a later round. Decided under the pool
+    // lock, so that another survivor cannot release the slot and a new
+    // incarnation be fenced in between.
+    bool recovered_now = false;
+    uint64_t fenced_epoch = 0;
     CXLRT_RETURN_IF_ERROR(membership_.WithPoolLock([&]() -> absl::Status {
       auto rec = pool_.ReadHost(s);
       if (!rec.ok() || rec->state != runtime::SlotState::kFenced) return absl::OkStatus();
+      CXLRT_ASSIGN_OR_RETURN(bool quiet, membership_.Quiet(s));
+      if (!quiet) return absl::OkStatus();
+      recovered_now = true;
+      fenced_epoch = rec->epoch;
       ArenaState dead(meta, s, /*use_cache=*/false);
       CXLRT_RETURN_IF_ERROR(dead.Load());
       std::vector<uint64_t> tails(meta.slots());
@@ -904,7 +917,8 @@ absl::StatusOr<std::vector<uint32_t>> Allocator::Impl::RecoverDeadHosts() {
       dead.PublishCounters();
       return absl::OkStatus();
     }));
-    if (absl::Status r = membership_.Release(s); !r.ok()) {
+    if (!recovered_now) continue;
+    if (absl::Status r = membership_.Release(s, fenced_epoch); !r.ok()) {
       if (r.code() != absl::StatusCode::kFailedPrecondition) return r;
       continue;  // released (and maybe re-taken) by someone else meanwhile
     }

@@ -345,7 +345,12 @@ absl::Status Communicator::Impl::Destroy() {
     for (PoolOffset& slot : my_slots_) slot = 0;
   }
   buffers_.clear();
-  if (failed().ok()) c_.StoreFlag(RankAt(rank_), static_cast<uint64_t>(JoinState::kLeft));
+  // The block may be recovered memory once this host is fenced: write only
+  // under the lease (its peers see it fenced, which counts as gone).
+  const bool may_write = alloc_.membership().ConfirmLease().ok();
+  if (failed().ok() && may_write) {
+    c_.StoreFlag(RankAt(rank_), static_cast<uint64_t>(JoinState::kLeft));
+  }
   if (rank_ == 0) {
     // An engine that may still write post lines into the block keeps it.
     if (!drained.ok()) return kept;
@@ -354,6 +359,7 @@ absl::Status Communicator::Impl::Destroy() {
     // membership lease or restarted. A peer's departure says nothing about
     // the others (issue 13, defect 3).
     CXLRT_RETURN_IF_ERROR(AwaitEveryRankGone());
+    CXLRT_RETURN_IF_ERROR(alloc_.membership().ConfirmLease());
     CommHeaderLayout h = {};
     c_.PublishObject(block_, h);  // no magic: nobody joins a freed block
     CXLRT_RETURN_IF_ERROR(alloc_.FreeNamed(name_));

@@ -36,8 +36,13 @@ absl::Status PoolTransport::Fail(absl::Status s) {
   if (failed_.ok()) {
     failed_ = s;
     const absl::Status drained = drain_ ? drain_() : absl::OkStatus();
-    if (drained.ok()) {
+    if (drained.ok() && membership_->LeaseHeld()) {
       c_.StoreFlag(RankAt(rank_), static_cast<uint64_t>(JoinState::kAborted));
+    } else if (drained.ok()) {
+      // Fenced (or the lease lapsed): the block may be recovered memory by
+      // now; the peers see this host fenced instead.
+      CXLRT_LOG(kWarning) << name_ << " rank " << rank_
+                          << " does not mark itself aborted: its host holds no lease";
     } else {
       CXLRT_LOG(kWarning) << name_ << " rank " << rank_
                           << " is not marked aborted for its peers (its copies may still write "

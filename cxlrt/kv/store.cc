@@ -89,6 +89,9 @@ Store::Impl::Impl(allocator::Allocator& alloc, const StoreOptions& options)
 Store::Impl::~Impl() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!view_ || local_.empty()) return;
+  // Fenced (or the lease cannot be renewed): the partition may be a
+  // survivor's or a new incarnation's by now; write nothing.
+  if (!membership_.ConfirmLease().ok()) return;
   for (uint32_t ns = 0; ns < counters_.size(); ++ns) {
     if (counters_[ns].puts || hits_[ns] || misses_[ns]) PublishCounters(ns);
   }

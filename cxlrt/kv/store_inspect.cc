@@ -35,6 +35,8 @@ void Store::Impl::CountHit(uint32_t ns, uint32_t partition, uint32_t index, uint
 }
 
 void Store::Impl::PublishCounters(uint32_t ns) {
+  // A write to this host's partition: only with the lease (reads call this).
+  if (!membership_.LeaseHeld()) return;
   NsCountersLayout& k = counters_[ns];
   k.hits = hits_[ns].load(std::memory_order_relaxed);
   k.misses = misses_[ns].load(std::memory_order_relaxed);

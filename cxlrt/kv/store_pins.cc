@@ -90,7 +90,10 @@ absl::StatusOr<size_t> Store::Impl::Lookup(absl::string_view ns,
 
 void Store::Impl::Release(PinSet& pins) {
   static const PinLayout kZero = {};
-  for (uint32_t rec : pins.records_) c_.PublishObject(view_->PinOff(me_, rec), kZero);
+  // The records may be a new incarnation's once this host is fenced.
+  if (membership_.CheckLease().ok()) {
+    for (uint32_t rec : pins.records_) c_.PublishObject(view_->PinOff(me_, rec), kZero);
+  }
   std::lock_guard<std::mutex> lock(pin_mu_);
   free_pins_.insert(free_pins_.end(), pins.records_.begin(), pins.records_.end());
   pins.records_.clear();

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "absl/strings/numbers.h"
@@ -460,8 +461,10 @@ absl::Status Membership::FencedError() const {
 }
 
 void Membership::MarkFenced() {
-  lease_end_ns_.store(0, std::memory_order_release);
-  fenced_.store(true, std::memory_order_release);
+  // fenced_ first: a renewal that raises the lease after the store of 0
+  // then sees fenced_ and ends it again (RenewLease).
+  fenced_.store(true, std::memory_order_seq_cst);
+  lease_end_ns_.store(0, std::memory_order_seq_cst);
 }
 
 absl::Status Membership::ConfirmLease() {
@@ -514,6 +517,14 @@ absl::Status Membership::RenewLease() {
   const int64_t end = t0 + absl::ToInt64Nanoseconds(lease_ - LeaseMargin(lease_));
   int64_t prior = lease_end_ns_.load(std::memory_order_relaxed);
   while (prior < end && !lease_end_ns_.compare_exchange_weak(prior, end)) {
+  }
+  // A fence found by another thread (ConfirmLease) or a Detach since the
+  // record was read ended the lease: do not give it back.
+  if (fenced_.load(std::memory_order_seq_cst) || leaving_.load(std::memory_order_seq_cst)) {
+    lease_end_ns_.store(0, std::memory_order_seq_cst);
+    if (fenced()) return FencedError();
+    return absl::FailedPreconditionError(
+        absl::StrCat("this host (slot ", slot_, " of ", pool_.name(), ") is detaching"));
   }
   return absl::OkStatus();
 }
@@ -582,11 +593,13 @@ absl::Status Membership::AwaitEarlierBoot(const HostRecord& prior) {
 
 absl::Duration Membership::Observe(uint32_t j) {
   const uint64_t beat = pool_.coherence().LoadFlag(pool_.OwnerLineOffset(j));
-  const absl::Time now = absl::Now();
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
   std::lock_guard<std::mutex> lock(obs_mu_);
   Observation& o = observations_[j];
-  if (o.changed == absl::Time() || o.heartbeat != beat) o = Observation{beat, now};
-  return now - o.changed;
+  if (o.changed_ns == 0 || o.heartbeat != beat) o = Observation{beat, now};
+  return absl::Nanoseconds(now - o.changed_ns);
 }
 
 absl::Duration Membership::PublishedLease(uint32_t j) const {
@@ -693,12 +706,16 @@ absl::StatusOr<bool> Membership::Quiet(uint32_t slot) {
   return Observe(slot) > DeadAfter(lease);
 }
 
-absl::Status Membership::Release(uint32_t slot) {
+absl::Status Membership::Release(uint32_t slot, uint64_t epoch) {
   return WithPoolLock([&]() -> absl::Status {
     CXLRT_ASSIGN_OR_RETURN(HostRecord r, pool_.ReadHost(slot));
     if (r.state != SlotState::kFenced) {
       return absl::FailedPreconditionError(
           absl::StrCat("host slot ", slot, " is not fenced; only fenced slots are released"));
+    }
+    if (epoch != 0 && r.epoch != epoch) {
+      return absl::FailedPreconditionError(absl::StrCat("host slot ", slot, " is at epoch ",
+                                                        r.epoch, ", not the recovered ", epoch));
     }
     WriteControl(slot, r.epoch + 1, SlotState::kFree, 0);
     return absl::OkStatus();

@@ -165,8 +165,10 @@ class Membership {
   // fence is visible, so its host holds no lease and cannot renew one.
   // false for a slot not fenced. Survivors recover only quiet slots.
   absl::StatusOr<bool> Quiet(uint32_t slot);
-  // Frees a fenced slot once its resources have been recovered.
-  absl::Status Release(uint32_t slot);
+  // Frees a fenced slot once its resources have been recovered; with
+  // `epoch` (not 0), only while the slot is still at that epoch (the
+  // incarnation that was recovered), else kFailedPrecondition.
+  absl::Status Release(uint32_t slot, uint64_t epoch = 0);
 
   // A watch that ends a wait with kAborted when one of `peers` dies, is
   // fenced or leaves, or when this host is fenced. Peers' epochs are taken
@@ -182,7 +184,9 @@ class Membership {
   class PeerWatch;
   struct Observation {
     uint64_t heartbeat = 0;
-    absl::Time changed;  // on this process's clock
+    // When this process saw it change, on its monotonic clock (ns; a step
+    // of the wall clock must not make a live host look dead). 0: never.
+    int64_t changed_ns = 0;
   };
 
   Membership(Pool& pool, uint32_t slot, absl::Duration lease, absl::Duration heartbeat,
