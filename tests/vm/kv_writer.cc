@@ -4,7 +4,7 @@
 //     environment says), then for up to SECONDS puts key w<i> (Block(i, SIZE))
 //     in namespace NS (default vm), with an allocate and a free of a private block around
 //     each put; prints "OK i mono_ms" (flushed) after each put that returned
-//     OK, "GAP ms" when its CLOCK_MONOTONIC moved more than 500 ms between two
+//     OK (KV_WRITER_PAUSE_US apart, default 2000), "GAP ms" when its CLOCK_MONOTONIC moved more than 500 ms between two
 //     steps, and "ERR i message" and exits 3 at the first call that fails.
 //   kv_writer recover URI SLOT: attaches and runs the allocator's
 //     RecoverDeadHosts (fences and recovers every host seen dead) until SLOT
@@ -61,6 +61,8 @@ int Write(const std::string& uri, double seconds, size_t size, const std::string
   if (!store.ok()) return Fail("store", store.status());
   std::printf("ATTACHED slot %u\n", h->membership->slot());
   std::fflush(stdout);
+  const char* env = std::getenv("KV_WRITER_PAUSE_US");
+  const useconds_t pause_us = env != nullptr ? std::atoi(env) : 2000;
   const int64_t start = MonoMs();
   int64_t last = start;
   for (uint64_t i = 0; MonoMs() - start < seconds * 1000; ++i) {
@@ -81,7 +83,7 @@ int Write(const std::string& uri, double seconds, size_t size, const std::string
     std::printf("OK %llu %lld\n", static_cast<unsigned long long>(i),
                 static_cast<long long>(MonoMs()));
     std::fflush(stdout);
-    usleep(2000);  // a few hundred puts a second: the keys fit the pool
+    usleep(pause_us);  // slow enough that every key fits the store (no eviction)
   }
   std::printf("DONE\n");
   return 0;

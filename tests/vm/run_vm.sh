@@ -163,7 +163,7 @@ status=0
 for role in a b; do
   rc=$(cat "$work/out/$role.rc" 2>/dev/null || echo none)
   if [[ " ${hung[*]} " == *" $role "* ]]; then
-    echo "vm $name: guest $role hung past ${budget}s and was killed"; status=1
+    echo "vm $name: guest $role still running after ${elapsed}s (budget ${budget}s) and was killed"; status=1
   elif [[ "$rc" != 0 ]]; then
     echo "vm $name: guest $role scenario status: $rc"; status=1
   fi
