@@ -4,8 +4,8 @@
 //     environment says), then for up to SECONDS puts key w<i> (Block(i, SIZE))
 //     in namespace NS (default vm), with an allocate and a free of a private block around
 //     each put; prints "OK i mono_ms" (flushed) after each put that returned
-//     OK (KV_WRITER_PAUSE_US apart, default 2000), "GAP ms" when its CLOCK_MONOTONIC moved more than 500 ms between two
-//     steps, and "ERR i message" and exits 3 at the first call that fails.
+//     OK (KV_WRITER_PAUSE_US apart, default 2000), "GAP ms" when its CLOCK_MONOTONIC moved more
+//     than 500 ms between two steps, and "ERR i message" and exits 3 at the first call that fails.
 //   kv_writer recover URI SLOT: attaches and runs the allocator's
 //     RecoverDeadHosts (fences and recovers every host seen dead) until SLOT
 //     was recovered (30 s at most), prints the slots.
@@ -117,8 +117,7 @@ int Recover(const std::string& uri, uint32_t want) {
   return 0;
 }
 
-int Verify(const std::string& uri, const std::string& log, size_t size,
-           const std::string& ns) {
+int Verify(const std::string& uri, const std::string& log, size_t size, const std::string& ns) {
   auto h = bench::AttachHost(uri, {});
   if (!h.ok()) return Fail("attach", h.status());
   auto store = kv::Store::Open(*h->alloc, {});
@@ -158,6 +157,7 @@ int main(int argc, char** argv) {
     return Verify(argv[2], argv[3], std::atoll(argv[4]), ns);
   }
   std::fprintf(stderr,
-               "usage: kv_writer write URI SECONDS SIZE [NS] | recover URI SLOT | verify URI LOG SIZE [NS]\n");
+               "usage: kv_writer write URI SECONDS SIZE [NS] | recover URI SLOT | verify URI LOG "
+               "SIZE [NS]\n");
   return 2;
 }
