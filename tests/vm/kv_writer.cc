@@ -1,8 +1,8 @@
 // VM harness helper (tests/vm/scenario_fence.sh, scenario_kill.sh): a host
 // that keeps writing pool metadata across a fault, and the survivor's side.
 //   kv_writer write URI SECONDS SIZE [NS]: attaches (CXLRT_HOST_ID as the
-//     environment says), then for up to SECONDS puts key w<i> (Block(i, SIZE))
-//     in namespace NS (default vm), with an allocate and a free of a private block around
+//     environment says; KV_WRITER_SLOT: that slot), then for up to SECONDS puts key w<i> (Block(i,
+//     SIZE)) in namespace NS (default vm), with an allocate and a free of a private block around
 //     each put; prints "OK i mono_ms" (flushed) after each put that returned
 //     OK (KV_WRITER_PAUSE_US apart, default 2000), "GAP ms" when its CLOCK_MONOTONIC moved more
 //     than 500 ms between two steps, and "ERR i message" and exits 3 at the first call that fails.
@@ -53,7 +53,9 @@ int Fail(const char* what, const absl::Status& s) {
 }
 
 int Write(const std::string& uri, double seconds, size_t size, const std::string& ns) {
-  auto h = bench::AttachHost(uri, {});
+  runtime::AttachOptions options;  // KV_WRITER_SLOT: claim that slot by number
+  if (const char* slot = std::getenv("KV_WRITER_SLOT")) options.slot = std::atoi(slot);
+  auto h = bench::AttachHost(uri, options);
   if (!h.ok()) return Fail("attach", h.status());
   kv::StoreOptions so;
   so.create = true;

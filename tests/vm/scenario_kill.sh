@@ -7,7 +7,9 @@
 # (RecoverDeadHosts), every key A printed as committed reads back
 # byte-exact, and the pool checks clean. Then A's guest boots again (a new
 # kernel boot, so a new boot id; the same machine-id and hostname), attaches
-# with its CXLRT_HOST_ID, takes its slot back, and a put/get works.
+# with its CXLRT_HOST_ID, takes its slot back, and a put/get works; then it
+# is killed again while attached, and boot 3 takes the slot back from boot
+# 2, which nobody fenced (docs/membership.md, Reboots).
 P=dax:///dev/dax0.0
 SIZE=32768
 export CXLRT_WORLD_SIZE=2 CXLRT_POOL=$P
@@ -47,21 +49,49 @@ role_a() {
   fail "A was not killed"
 }
 
-# Boot 2 of A's guest: the same machine, a new boot.
+# Boots 2 and 3 of A's guest: the same machine, a new boot each time.
 role_a_reboot() {
   make_dax
   local old slot
-  log "booted again: boot id $(cat /proc/sys/kernel/random/boot_id)"
+  log "boot $boot: boot id $(cat /proc/sys/kernel/random/boot_id)"
   old=$(awk '$1 == "ATTACHED" {print $3}' "$out/a.writer.log")
-  CXLRT_HOST_ID=0 "$KV_WRITER" write "$P" 2 1024 again >"$out/a2.writer.log" 2>&1 ||
-    fail "the writer after the reboot failed: $(tail -3 "$out/a2.writer.log")"
-  slot=$(awk '$1 == "ATTACHED" {print $3}' "$out/a2.writer.log")
-  log "attached again in slot $slot (before the kill: slot $old)"
-  [[ "$slot" == "$old" ]] || fail "after the reboot A took slot $slot, not its slot $old"
-  run "$KV_WRITER" verify "$P" "$out/a2.writer.log" 1024 again
-  run "$KV_WRITER" verify "$P" "$out/a.writer.log" "$SIZE"
+  if ((boot == 2)); then
+    # Slot 0 was fenced and recovered by B: free for the taking.
+    CXLRT_HOST_ID=0 "$KV_WRITER" write "$P" 2 1024 again >"$out/a2.writer.log" 2>&1 ||
+      fail "the writer after the reboot failed: $(tail -3 "$out/a2.writer.log")"
+    slot=$(awk '$1 == "ATTACHED" {print $3}' "$out/a2.writer.log")
+    log "attached again in slot $slot (before the kill: slot $old)"
+    [[ "$slot" == "$old" ]] || fail "after the reboot A took slot $slot, not its slot $old"
+    run "$KV_WRITER" verify "$P" "$out/a2.writer.log" 1024 again
+    run "$KV_WRITER" verify "$P" "$out/a.writer.log" "$SIZE"
+    run "$CXLRT" pool check "$P"
+    # Attached again, then killed again; B leaves the slot alone this time.
+    KV_WRITER_PAUSE_US=20000 CXLRT_HOST_ID=0 "$KV_WRITER" write "$P" 120 1024 boot2 \
+      >"$out/a2b.writer.log" 2>&1 &
+    local deadline=$((SECONDS + 30))
+    until (($(grep -c '^OK' "$out/a2b.writer.log") >= 20)); do
+      ((SECONDS < deadline)) || fail "the boot-2 writer did not commit 20 puts: $(tail -3 "$out/a2b.writer.log")"
+      sleep 0.2
+    done
+    flag a2_running
+    sleep 120
+    fail "A was not killed again"
+  fi
+  # Boot 3: slot 0 is still attached by boot 2, which no one fenced. A
+  # claim by number waits until its beat stood still for the lease,
+  # then takes it at the next epoch (docs/membership.md, Reboots).
+  local t0 t1
+  read -r t0 _ </proc/uptime
+  KV_WRITER_SLOT=$old CXLRT_HOST_ID=0 "$KV_WRITER" write "$P" 2 1024 boot3 >"$out/a3.writer.log" 2>&1 ||
+    fail "the writer after the second reboot failed: $(tail -3 "$out/a3.writer.log")"
+  read -r t1 _ </proc/uptime
+  slot=$(awk '$1 == "ATTACHED" {print $3}' "$out/a3.writer.log")
+  log "took slot $slot back from its earlier boot (attach and 2 s of puts: $(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.1f", b - a}') s)"
+  [[ "$slot" == "$old" ]] || fail "after the second reboot A took slot $slot, not its slot $old"
+  run "$KV_WRITER" verify "$P" "$out/a3.writer.log" 1024 boot3
+  run "$KV_WRITER" verify "$P" "$out/a2b.writer.log" 1024 boot2
   run "$CXLRT" pool check "$P"
-  flag a2_done
+  flag a3_done
   log "PASS"
 }
 
@@ -109,7 +139,11 @@ role_b() {
   run "$KV_WRITER" verify "$P" "$out/a.writer.log" "$SIZE"
   run "$CXLRT" pool info "$P" | grep -E "hosts|^ *slot"
   monitor a boot
-  wait_flag a2_done 120
+  wait_flag a2_running 120
+  run "$CXLRT" pool info "$P" | grep -E "hosts|^ *slot"
+  monitor a quit
+  monitor a boot
+  wait_flag a3_done 120
   run "$CXLRT" pool info "$P" | grep -E "hosts|^ *slot"
   run "$CXLRT" pool check "$P"
   log "PASS"
