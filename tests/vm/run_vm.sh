@@ -39,6 +39,10 @@ kver=${vmlinuz##*/vmlinuz-}
 [[ -f "$kdir/lib/modules/$kver/modules.dep" ]] || missing "no modules.dep in $kdir/lib/modules/$kver"
 cxlrt=$build/bin/cxlrt
 [[ -x "$cxlrt" ]] || { echo "vm $name: no $cxlrt (build the cxlrt_cli target)"; exit 1; }
+for helper in vm_lock_add vm_kv_writer; do
+  grep -q "\$$(tr a-z A-Z <<<"${helper#vm_}")" "$scenario" || continue
+  [[ -x "$build/bin/$helper" ]] || { echo "vm $name: no $build/bin/$helper (build the $helper target)"; exit 1; }
+done
 
 work=$build/vm/$name
 rm -rf "$work"
