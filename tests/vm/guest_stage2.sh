@@ -16,8 +16,12 @@ for m in cxl_acpi cxl_pci cxl_mem cxl_pmem libnvdimm nd_pmem device_dax dax_pmem
 done
 source "$(dirname "$0")/vm_lib.sh"
 source "$SCENARIO"
+# A guest booted again (run_vm.sh's `boot` request) runs role_<role>_reboot.
+boot=$(sed -n 's/.*cxlrt_vm.boot=\([0-9]*\).*/\1/p' /proc/cmdline)
+fn=role_$role
+((${boot:-1} > 1)) && fn=role_${role}_reboot
 rc=0
-("role_$role") || rc=$?
+("$fn") || rc=$?
 echo "$rc" >"$out/$role.rc"
 echo "cxlrt-vm: role $role finished rc=$rc"
 sync

@@ -39,6 +39,10 @@ kver=${vmlinuz##*/vmlinuz-}
 [[ -f "$kdir/lib/modules/$kver/modules.dep" ]] || missing "no modules.dep in $kdir/lib/modules/$kver"
 cxlrt=$build/bin/cxlrt
 [[ -x "$cxlrt" ]] || { echo "vm $name: no $cxlrt (build the cxlrt_cli target)"; exit 1; }
+for helper in vm_lock_add vm_kv_writer; do
+  grep -q "\$$(tr a-z A-Z <<<"${helper#vm_}")" "$scenario" || continue
+  [[ -x "$build/bin/$helper" ]] || { echo "vm $name: no $build/bin/$helper (build the $helper target)"; exit 1; }
+done
 
 work=$build/vm/$name
 rm -rf "$work"
@@ -64,6 +68,7 @@ KVER=$kver
 CXLRT=$cxlrt
 SCENARIO=$scenario
 LOCK_ADD=$(find "$build" -name vm_lock_add -type f -perm -u+x | head -1)
+KV_WRITER=$(find "$build" -name vm_kv_writer -type f -perm -u+x | head -1)
 export CXLRT_LOG_LEVEL=\${CXLRT_LOG_LEVEL:-warning}
 ${CXLRT_VM_GUEST_ENV:-}
 ENV
@@ -72,15 +77,17 @@ ENV
 truncate -s 256M "$work/cxl.raw"
 accel=tcg
 [[ "${CXLRT_VM_ACCEL:-}" == kvm ]] && accel=kvm
-start=$SECONDS
-declare -A pid
-for role in a b; do
-  truncate -s 1M "$work/lsa-$role.raw"
+# launch ROLE [BOOT]: boots guest ROLE; BOOT > 1 boots it again (the same
+# machine-id, hostname and label file; a new kernel boot, so a new boot id),
+# its serial log in ROLE.BOOT.serial.
+launch() {
+  local role=$1 boot=${2:-1} serial=$1
+  ((boot > 1)) && serial=$role.$boot
   "$qemu" -M q35,cxl=on,cxl-fmw.0.targets.0=cxl.1,cxl-fmw.0.size=4G -accel "$accel" \
     -m 1G,slots=2,maxmem=8G -smp 1 -display none -no-reboot \
     -kernel "$vmlinuz" -initrd "$work/initrd.gz" \
-    -append "console=ttyS0 quiet panic=-1 cxlrt_vm.role=$role cxlrt_vm.stage2=$here/guest_stage2.sh" \
-    -serial "file:$work/$role.serial" -monitor "unix:$work/$role.monitor,server,nowait" \
+    -append "console=ttyS0 quiet panic=-1 cxlrt_vm.role=$role cxlrt_vm.boot=$boot cxlrt_vm.stage2=$here/guest_stage2.sh" \
+    -serial "file:$work/$serial.serial" -monitor "unix:$work/$role.monitor,server,nowait" \
     -fsdev local,id=hostroot,path=/,security_model=none,readonly=on,multidevs=remap \
     -device virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot \
     -fsdev local,id=vmout,path="$work/out",security_model=none,multidevs=remap \
@@ -91,8 +98,14 @@ for role in a b; do
     -device cxl-rp,port=0,bus=cxl.1,id=rp0,chassis=0,slot=2 \
     -device cxl-rp,port=1,bus=cxl.1,id=rp1,chassis=0,slot=3 \
     -device cxl-type3,bus=rp0,memdev=cxl-mem,lsa=cxl-lsa,id=cxl-pmem0,sn=0x1234 \
-    >"$work/$role.qemu.log" 2>&1 &
+    >"$work/$serial.qemu.log" 2>&1 &
   pid[$role]=$!
+}
+start=$SECONDS
+declare -A pid
+for role in a b; do
+  truncate -s 1M "$work/lsa-$role.raw"
+  launch "$role"
 done
 
 # A guest asks for a QEMU monitor command (fault scenarios: stop, cont,
@@ -102,25 +115,46 @@ serve_monitor() {
   for req in "$work"/out/mon.*; do
     [[ -f "$req" && "$req" != *.done && "$req" != *.tmp ]] || continue
     role=${req#"$work"/out/mon.}; role=${role%%.*}
+    if [[ "$(cat "$req")" == boot ]]; then
+      # Boot the guest again once its QEMU has ended (after a quit).
+      local deadline=$((SECONDS + 10))
+      while kill -0 "${pid[$role]}" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
+      wait "${pid[$role]}" 2>/dev/null
+      rm -f "$work/out/$role.rc"
+      boots[$role]=$((${boots[$role]:-1} + 1))
+      launch "$role" "${boots[$role]}"
+      echo "vm $name: guest $role booted again (boot ${boots[$role]}) at $((SECONDS - start))s"
+      mv "$req" "$req.done"
+      continue
+    fi
     python3 - "$work/$role.monitor" "$(cat "$req")" <<'PY'
 import socket, sys, time
 s = socket.socket(socket.AF_UNIX); s.settimeout(5); s.connect(sys.argv[1])
 time.sleep(0.2); s.sendall((sys.argv[2] + "\n").encode()); time.sleep(0.3); s.close()
 PY
-    echo "vm $name: monitor of guest $role: $(cat "$req") at $((SECONDS - start))s"
+    echo "vm $name: monitor of guest $role: $(cat "$req") at $((SECONDS - start))s ($(date -u +%T.%N | cut -c1-12))"
     # A guest quit on purpose has done its part (its scenario ends there).
     [[ "$(cat "$req")" == quit ]] && echo 0 >"$work/out/$role.rc"
     mv "$req" "$req.done"
   done
 }
 
+declare -A boots
 deadline=$((SECONDS + budget))
 hung=()
-for role in a b; do
-  while kill -0 "${pid[$role]}" 2>/dev/null && ((SECONDS < deadline)); do
-    serve_monitor
-    sleep 0.5
+# Serve monitor requests until both guests have ended (a guest may be booted
+# again after it ended) or the budget is spent.
+while ((SECONDS < deadline)); do
+  serve_monitor
+  # A guest whose scenario failed ends the run (the other may wait for it).
+  for role in a b; do
+    rc=$(cat "$work/out/$role.rc" 2>/dev/null) && [[ -n "$rc" && "$rc" != 0 ]] && break 2
   done
+  kill -0 "${pid[a]}" 2>/dev/null || kill -0 "${pid[b]}" 2>/dev/null || break
+  sleep 0.5
+done
+serve_monitor
+for role in a b; do
   if kill -0 "${pid[$role]}" 2>/dev/null; then
     hung+=("$role")
     kill "${pid[$role]}" 2>/dev/null
@@ -133,20 +167,21 @@ status=0
 for role in a b; do
   rc=$(cat "$work/out/$role.rc" 2>/dev/null || echo none)
   if [[ " ${hung[*]} " == *" $role "* ]]; then
-    echo "vm $name: guest $role hung past ${budget}s and was killed"; status=1
+    echo "vm $name: guest $role still running after ${elapsed}s (budget ${budget}s) and was killed"; status=1
   elif [[ "$rc" != 0 ]]; then
     echo "vm $name: guest $role scenario status: $rc"; status=1
   fi
 done
 if ((status != 0)); then
-  for role in a b; do
-    echo "===== guest $role: qemu ($work/$role.qemu.log)"; cat "$work/$role.qemu.log"
-    echo "===== guest $role: serial ($work/$role.serial)"; cat "$work/$role.serial"
+  for f in "$work"/*.serial; do
+    s=$(basename "$f" .serial)
+    echo "===== guest $s: qemu ($work/$s.qemu.log)"; cat "$work/$s.qemu.log"
+    echo "===== guest $s: serial ($f)"; cat "$f"
   done
   echo "vm $name: FAILED after ${elapsed}s"
   exit 1
 fi
-for role in a b; do
-  echo "===== guest $role"; grep "cxlrt-vm" "$work/$role.serial"
+for f in "$work"/*.serial; do
+  echo "===== guest $(basename "$f" .serial)"; grep "cxlrt-vm" "$f"
 done
 echo "vm $name: passed in ${elapsed}s (two guests, $accel)"

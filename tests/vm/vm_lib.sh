@@ -20,9 +20,22 @@ run() {
   "$@" || fail "'$*' exited $?"
 }
 # make_dax: region and devdax namespace over the shared memdev -> /dev/dax0.0.
+# After a reboot the namespace may come back from the guest's label area by
+# itself once the region exists; then it is not created again.
 make_dax() {
   run cxl create-region -m -d decoder0.0 -t pmem -w 1 -g 256 mem0 >/dev/null
-  run ndctl create-namespace -r region0 -m devdax -a 2M --map=mem >/dev/null
+  local deadline=$((SECONDS + (${boot:-1} > 1 ? 3 : 0)))
+  until [[ -c /dev/dax0.0 ]] || ((SECONDS >= deadline)); do sleep 0.2; done
+  if [[ -c /dev/dax0.0 ]]; then
+    log "dax0.0 came back from the labels"
+  elif ((${boot:-1} > 1)); then
+    # The namespace came back from the labels, but not as a dax device:
+    # reconfigure it in place (its info block is below the pool's 2 MiB).
+    log "after the reboot: $(ndctl list -N -r region0 | tr -d '\n ')"
+    run ndctl create-namespace -f -e namespace0.0 -m devdax -a 2M --map=mem >/dev/null
+  else
+    run ndctl create-namespace -r region0 -m devdax -a 2M --map=mem >/dev/null
+  fi
   [[ -c /dev/dax0.0 ]] || fail "no /dev/dax0.0 after ndctl create-namespace"
   log "dax0.0: size $(cat /sys/bus/dax/devices/dax0.0/size) align $(cat /sys/bus/dax/devices/dax0.0/align)"
 }
