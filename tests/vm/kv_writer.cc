@@ -11,9 +11,13 @@
 //     was recovered (30 s at most), prints the slots.
 //   kv_writer verify URI LOG SIZE [NS]: reads every key LOG says committed ("OK i")
 //     and compares it with Block(i, SIZE); exits 1 on any difference.
+//   kv_writer cross-a URI DIR / cross-b URI DIR: one process in each kernel
+//     (scenario_basic.sh), signalling through files in DIR: remote frees of
+//     A's blocks by B, drained from A's ring; a pin of B's holding off A's delete.
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -29,6 +33,7 @@
 namespace {
 
 using namespace cxlrt;
+using runtime::PoolOffset;
 
 std::vector<uint8_t> Block(uint64_t i, size_t n) {
   std::vector<uint8_t> v(n);
@@ -146,6 +151,218 @@ int Verify(const std::string& uri, const std::string& log, size_t size, const st
   return bad == 0 && n > 0 ? 0 : 1;
 }
 
+
+// --- cross: two kernels, one process each (tests/vm/scenario_basic.sh). ---
+// They signal through files in DIR (the 9p share): the harness's ordering.
+
+void Signal(const std::string& dir, const std::string& name) {
+  const std::string path = dir + "/flag.x_" + name;
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f != nullptr) {
+    fsync(fileno(f));
+    std::fclose(f);
+  }
+  std::printf("signal %s\n", name.c_str());
+  std::fflush(stdout);
+}
+
+bool Await(const std::string& dir, const std::string& name, int seconds = 60) {
+  const std::string path = dir + "/flag.x_" + name;
+  const int64_t start = MonoMs();
+  while (access(path.c_str(), F_OK) != 0) {
+    if (MonoMs() - start > seconds * 1000) {
+      std::printf("timed out waiting for %s\n", name.c_str());
+      std::fflush(stdout);
+      return false;
+    }
+    usleep(100000);
+  }
+  return true;
+}
+
+constexpr int kCrossBlocks = 200;
+constexpr size_t kCrossSize = 4096;
+constexpr size_t kPinSize = 256 * 1024;
+const char kPinNs[] = "pin";
+const char kPinKey[] = "held";
+
+// A: allocates kCrossBlocks blocks (each filled with Block(1000 + i)) and
+// hands their offsets to B, which checks and frees them (remote frees, into
+// this arena's ring); then ticks until its bytes in use are back to what they
+// were. Then puts an entry that B pins, tries to delete it (refused while
+// pinned), allocates and fills blocks of its size (none may be its block),
+// and deletes it once B released the pin.
+int CrossA(const std::string& uri, const std::string& dir) {
+  auto h = bench::AttachHost(uri, {});
+  if (!h.ok()) return Fail("attach", h.status());
+  kv::StoreOptions so;
+  so.create = true;
+  auto store = kv::Store::Open(*h->alloc, so);
+  if (!store.ok()) return Fail("store", store.status());
+  auto& coh = h->pool->coherence();
+  if (absl::Status s = h->alloc->Tick(); !s.ok()) return Fail("tick", s);
+  const allocator::HostStats before = h->alloc->LocalStats();
+  std::string offsets;
+  for (int i = 0; i < kCrossBlocks; ++i) {
+    auto off = h->alloc->Allocate(kCrossSize);
+    if (!off.ok()) return Fail("allocate", off.status());
+    const std::vector<uint8_t> v = Block(1000 + i, kCrossSize);
+    coh.Publish(*off, v.data(), v.size());
+    offsets += std::to_string(*off) + "\n";
+  }
+  const allocator::HostStats held = h->alloc->LocalStats();
+  {
+    std::ofstream(dir + "/cross.offsets") << offsets;
+  }
+  std::printf("slot %u allocated %d blocks of %zu B: bytes in use %llu -> %llu\n",
+              h->alloc->slot(), kCrossBlocks, kCrossSize,
+              static_cast<unsigned long long>(before.bytes_in_use),
+              static_cast<unsigned long long>(held.bytes_in_use));
+  if (held.bytes_in_use < before.bytes_in_use + kCrossBlocks * kCrossSize) {
+    std::printf("FAIL: bytes in use did not grow by the blocks\n");
+    return 1;
+  }
+  Signal(dir, "allocated");
+  if (!Await(dir, "freed")) return 1;
+  const int64_t start = MonoMs();
+  allocator::HostStats after;
+  for (;;) {
+    if (absl::Status s = h->alloc->Tick(); !s.ok()) return Fail("tick", s);
+    after = h->alloc->LocalStats();
+    if (after.bytes_in_use <= before.bytes_in_use) break;
+    if (MonoMs() - start > 10000) {
+      std::printf("FAIL: bytes in use %llu, not back to %llu, 10 s after B's frees\n",
+                  static_cast<unsigned long long>(after.bytes_in_use),
+                  static_cast<unsigned long long>(before.bytes_in_use));
+      return 1;
+    }
+    usleep(20000);
+  }
+  std::printf("B's %d remote frees drained from the ring after %lld ms: bytes in use %llu, "
+              "rejected frees %llu\n",
+              kCrossBlocks, static_cast<long long>(MonoMs() - start),
+              static_cast<unsigned long long>(after.bytes_in_use),
+              static_cast<unsigned long long>(after.rejected_frees));
+  if (after.rejected_frees != 0) return 1;
+  if (absl::Status s = allocator::Audit(*h->pool); !s.ok()) return Fail("allocator audit", s);
+
+  // Pins across kernels.
+  const std::vector<uint8_t> v = Block(7777, kPinSize);
+  if (absl::Status s = (*store)->Put(kPinNs, kPinKey, v.data(), v.size()); !s.ok()) {
+    return Fail("put", s);
+  }
+  Signal(dir, "put");
+  if (!Await(dir, "pinned")) return 1;
+  absl::Status del = (*store)->Delete(kPinNs, kPinKey);
+  std::printf("delete while B pins it: %s\n", std::string(del.ToString()).c_str());
+  if (!absl::IsFailedPrecondition(del)) {
+    std::printf("FAIL: the delete of a pinned entry was not refused\n");
+    return 1;
+  }
+  // Blocks of the entry's size, filled: none may be the pinned entry's block.
+  std::vector<PoolOffset> fill;
+  const std::vector<uint8_t> junk(kPinSize, 0xee);
+  for (int i = 0; i < 16; ++i) {
+    auto off = h->alloc->Allocate(kPinSize);
+    if (!off.ok()) return Fail("allocate", off.status());
+    coh.Publish(*off, junk.data(), junk.size());
+    fill.push_back(*off);
+  }
+  Signal(dir, "refused");
+  if (!Await(dir, "released")) return 1;
+  for (PoolOffset off : fill) {
+    if (absl::Status s = h->alloc->Free(off); !s.ok()) return Fail("free", s);
+  }
+  del = (*store)->Delete(kPinNs, kPinKey);
+  std::printf("delete after B released: %s\n", std::string(del.ToString()).c_str());
+  if (!del.ok()) return 1;
+  std::vector<uint8_t> got(kPinSize);
+  auto r = (*store)->Get(kPinNs, kPinKey, got.data(), got.size());
+  if (!absl::IsNotFound(r.status())) {
+    std::printf("FAIL: get after the delete: %s\n",
+                r.ok() ? "found" : std::string(r.status().ToString()).c_str());
+    return 1;
+  }
+  if (absl::Status s = kv::Audit(*h->pool); !s.ok()) return Fail("kv audit", s);
+  Signal(dir, "deleted");
+  std::printf("CROSS-A OK\n");
+  return 0;
+}
+
+// B: checks A's blocks byte-exact and frees them (each a remote free);
+// pins A's entry, reads it byte-exact after A's refused delete and A's
+// allocations, releases it, and sees it gone after A's delete.
+int CrossB(const std::string& uri, const std::string& dir) {
+  auto h = bench::AttachHost(uri, {});
+  if (!h.ok()) return Fail("attach", h.status());
+  auto store = kv::Store::Open(*h->alloc, {});
+  if (!store.ok()) return Fail("store", store.status());
+  auto& coh = h->pool->coherence();
+  if (!Await(dir, "allocated")) return 1;
+  std::ifstream in(dir + "/cross.offsets");
+  std::vector<PoolOffset> offs;
+  for (uint64_t off; in >> off;) offs.push_back(off);
+  if (offs.size() != kCrossBlocks) {
+    std::printf("FAIL: %zu offsets, not %d\n", offs.size(), kCrossBlocks);
+    return 1;
+  }
+  std::vector<uint8_t> got(kCrossSize);
+  int bad = 0;
+  for (int i = 0; i < kCrossBlocks; ++i) {
+    coh.Fetch(got.data(), offs[i], got.size());
+    if (got != Block(1000 + i, kCrossSize)) ++bad;
+  }
+  std::printf("slot %u: %d of A's %d blocks byte-exact\n", h->alloc->slot(), kCrossBlocks - bad,
+              kCrossBlocks);
+  if (bad != 0) return 1;
+  for (PoolOffset off : offs) {
+    if (absl::Status s = h->alloc->Free(off); !s.ok()) return Fail("remote free", s);
+  }
+  if (absl::Status s = h->alloc->Tick(); !s.ok()) return Fail("tick", s);  // push the queue
+  const allocator::HostStats mine = h->alloc->LocalStats();
+  std::printf("freed %d blocks of A's (remote); my bytes in use %llu\n", kCrossBlocks,
+              static_cast<unsigned long long>(mine.bytes_in_use));
+  Signal(dir, "freed");
+
+  if (!Await(dir, "put")) return 1;
+  kv::PinSet pins;
+  const std::vector<std::string> chain = {kPinKey};
+  auto n = (*store)->Lookup(kPinNs, chain, &pins);
+  if (!n.ok()) return Fail("lookup", n.status());
+  if (*n != 1 || pins.size() != 1) {
+    std::printf("FAIL: lookup found %zu, pins %zu\n", *n, pins.size());
+    return 1;
+  }
+  const std::vector<uint8_t> want = Block(7777, kPinSize);
+  std::vector<uint8_t> val(kPinSize);
+  auto r = (*store)->Get(kPinNs, kPinKey, val.data(), val.size());
+  if (!r.ok() || *r != kPinSize || val != want) {
+    std::printf("FAIL: pinned entry before the delete: %s\n",
+                r.ok() ? "bytes differ" : std::string(r.status().ToString()).c_str());
+    return 1;
+  }
+  Signal(dir, "pinned");
+  if (!Await(dir, "refused")) return 1;
+  std::fill(val.begin(), val.end(), 0);
+  r = (*store)->Get(kPinNs, kPinKey, val.data(), val.size());
+  if (!r.ok() || *r != kPinSize || val != want) {
+    std::printf("FAIL: pinned entry after A's delete and allocations: %s\n",
+                r.ok() ? "bytes differ" : std::string(r.status().ToString()).c_str());
+    return 1;
+  }
+  std::printf("pinned entry byte-exact after A's refused delete and 16 allocations of its size\n");
+  (*store)->Release(pins);
+  Signal(dir, "released");
+  if (!Await(dir, "deleted")) return 1;
+  auto c = (*store)->Contains(kPinNs, kPinKey);
+  if (!c.ok() || *c) {
+    std::printf("FAIL: the entry is still there after A's delete\n");
+    return 1;
+  }
+  std::printf("CROSS-B OK\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -158,8 +375,10 @@ int main(int argc, char** argv) {
   if (mode == "verify" && (argc == 5 || argc == 6)) {
     return Verify(argv[2], argv[3], std::atoll(argv[4]), ns);
   }
+  if (mode == "cross-a" && argc == 4) return CrossA(argv[2], argv[3]);
+  if (mode == "cross-b" && argc == 4) return CrossB(argv[2], argv[3]);
   std::fprintf(stderr,
                "usage: kv_writer write URI SECONDS SIZE [NS] | recover URI SLOT | verify URI LOG "
-               "SIZE [NS]\n");
+               "SIZE [NS] | cross-a URI DIR | cross-b URI DIR\n");
   return 2;
 }

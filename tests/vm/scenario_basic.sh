@@ -1,6 +1,12 @@
 # VM scenario "basic": two kernels, one CXL memdev. A makes the pool on
 # /dev/dax0.0, B attaches; both see two machines; KV entries put on one
-# kernel read back byte-exact on the other; pool check clean from both.
+# kernel read back byte-exact on the other. Then one process in each kernel
+# (vm_kv_writer cross-a / cross-b): A allocates 200 blocks of 4 KiB, B checks
+# their bytes and frees them (remote frees, through A's ring), A's bytes in
+# use come back to what they were; A puts an entry, B pins it (Lookup), A's
+# Delete is refused while pinned, A's allocations of its size leave it
+# byte-exact for B, B releases, A's Delete succeeds and B no longer finds it.
+# Pool check clean from both.
 P=dax:///dev/dax0.0
 
 role_a() {
@@ -22,6 +28,7 @@ role_a() {
   grep -q "on vm-a" /tmp/info.txt && grep -q "on vm-b" /tmp/info.txt ||
     fail "pool info does not show both machines (vm-a and vm-b)"
   flag a_checked
+  run "$KV_WRITER" cross-a "$P" "$out"
   wait_flag b_done
   run "$CXLRT" pool check "$P"
   wait
@@ -43,6 +50,7 @@ role_b() {
   run "$CXLRT" kv put ns1 from-b /tmp/b.bin --pool "$P"
   flag b_put
   wait_flag a_checked
+  run "$KV_WRITER" cross-b "$P" "$out"
   run "$CXLRT" pool info "$P" | tee /tmp/info.txt
   run "$CXLRT" pool check "$P"
   flag b_done
