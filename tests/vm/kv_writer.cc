@@ -14,6 +14,10 @@
 //   kv_writer cross-a URI DIR / cross-b URI DIR: one process in each kernel
 //     (scenario_basic.sh), signalling through files in DIR: remote frees of
 //     A's blocks by B, drained from A's ring; a pin of B's holding off A's delete.
+//   kv_writer bigput URI SIZE KEY: attaches, prints "PUT STARTED", puts SIZE bytes
+//     under (big, KEY), prints "PUT DONE ms" (scenario_kill.sh kills it in between).
+//   kv_writer bigcheck URI SLOT SIZE KEY: no entry (big, KEY), SLOT's arena empty,
+//     SIZE bytes allocate again, the store's audit clean.
 #include <time.h>
 #include <unistd.h>
 
@@ -363,6 +367,64 @@ int CrossB(const std::string& uri, const std::string& dir) {
   return 0;
 }
 
+// --- bigput: one large put that a kill interrupts (scenario_kill.sh). ---
+
+std::vector<uint8_t> BigValue(size_t n) {
+  std::vector<uint8_t> v(n);
+  for (size_t k = 0; k < n; k += 4096) v[k] = static_cast<uint8_t>(k >> 12);
+  return v;
+}
+
+int BigPut(const std::string& uri, size_t size, const std::string& key) {
+  auto h = bench::AttachHost(uri, {});
+  if (!h.ok()) return Fail("attach", h.status());
+  auto store = kv::Store::Open(*h->alloc, {});
+  if (!store.ok()) return Fail("store", store.status());
+  const std::vector<uint8_t> v = BigValue(size);
+  std::printf("ATTACHED slot %u\n", h->membership->slot());
+  std::printf("PUT STARTED %zu %lld\n", size, static_cast<long long>(MonoMs()));
+  std::fflush(stdout);
+  const int64_t start = MonoMs();
+  absl::Status s = (*store)->Put("big", key, v.data(), v.size());
+  if (!s.ok()) return Fail("put", s);
+  std::printf("PUT DONE %lld ms\n", static_cast<long long>(MonoMs() - start));
+  std::fflush(stdout);
+  return 0;
+}
+
+// After the big put's host was recovered: no entry, no block of its arena
+// left, room for the value again, the store's audit clean.
+int BigCheck(const std::string& uri, uint32_t slot, size_t size, const std::string& key) {
+  auto h = bench::AttachHost(uri, {});
+  if (!h.ok()) return Fail("attach", h.status());
+  auto store = kv::Store::Open(*h->alloc, {});
+  if (!store.ok()) return Fail("store", store.status());
+  auto c = (*store)->Contains("big", key);
+  if (!c.ok()) return Fail("contains", c.status());
+  if (*c) {
+    std::printf("FAIL: the interrupted put left an entry\n");
+    return 1;
+  }
+  auto st = allocator::ReadStats(*h->pool);
+  if (!st.ok()) return Fail("stats", st.status());
+  for (const allocator::HostStats& hs : st->hosts) {
+    if (hs.slot == slot && hs.bytes_in_use + hs.bytes_cached + hs.huge_segments > 0) {
+      std::printf("FAIL: slot %u's arena still holds %llu B in use, %llu huge segments\n", slot,
+                  static_cast<unsigned long long>(hs.bytes_in_use),
+                  static_cast<unsigned long long>(hs.huge_segments));
+      return 1;
+    }
+  }
+  if (absl::Status s = kv::Audit(*h->pool); !s.ok()) return Fail("kv audit", s);
+  // The space came back: the same size allocates again (and is freed).
+  auto off = h->alloc->Allocate(size);
+  if (!off.ok()) return Fail("allocate the put's size again", off.status());
+  if (absl::Status s = h->alloc->Free(*off); !s.ok()) return Fail("free", s);
+  std::printf("no entry '%s', slot %u's arena empty, %zu B allocate again; heap free %llu B\n",
+              key.c_str(), slot, size, static_cast<unsigned long long>(st->free_bytes));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -375,10 +437,15 @@ int main(int argc, char** argv) {
   if (mode == "verify" && (argc == 5 || argc == 6)) {
     return Verify(argv[2], argv[3], std::atoll(argv[4]), ns);
   }
+  if (mode == "bigput" && argc == 5) return BigPut(argv[2], std::atoll(argv[3]), argv[4]);
+  if (mode == "bigcheck" && argc == 6) {
+    return BigCheck(argv[2], std::atoi(argv[3]), std::atoll(argv[4]), argv[5]);
+  }
   if (mode == "cross-a" && argc == 4) return CrossA(argv[2], argv[3]);
   if (mode == "cross-b" && argc == 4) return CrossB(argv[2], argv[3]);
   std::fprintf(stderr,
                "usage: kv_writer write URI SECONDS SIZE [NS] | recover URI SLOT | verify URI LOG "
-               "SIZE [NS] | cross-a URI DIR | cross-b URI DIR\n");
+               "SIZE [NS] | cross-a URI DIR | cross-b URI DIR | bigput URI SIZE KEY | bigcheck URI SLOT "
+               "SIZE KEY\n");
   return 2;
 }

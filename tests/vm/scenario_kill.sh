@@ -1,17 +1,20 @@
 # VM scenario "kill": A's kernel is killed (QEMU monitor `quit`) while ONE
 # process in it puts 32 KiB KV entries in a loop (tests/vm/kv_writer.cc; its
 # slot is checked attached in `pool info` just before the quit) and a second
-# runs an all-reduce loop with B's rank (one rank per kernel). B's all-reduce
+# runs an all-reduce loop with B's rank (one rank per kernel), and a third is
+# inside ONE put of 64 MiB ("PUT STARTED" printed, not "PUT DONE"). B's all-reduce
 # must end with kAborted ("rank 0 ... is dead") within about the lease and
 # its margin; B fences A's slots (`pool fence`) and recovers their arenas
 # (RecoverDeadHosts), every key A printed as committed reads back
-# byte-exact, and the pool checks clean. Then A's guest boots again (a new
+# byte-exact, the interrupted put left no entry and no block (its slot's
+# arena empty, 64 MiB allocate again), and the pool checks clean. Then A's guest boots again (a new
 # kernel boot, so a new boot id; the same machine-id and hostname), attaches
 # with its CXLRT_HOST_ID, takes its slot back, and a put/get works; then it
 # is killed again while attached, and boot 3 takes the slot back from boot
 # 2, which nobody fenced (docs/membership.md, Reboots).
 P=dax:///dev/dax0.0
 SIZE=32768
+BIG=$((64 << 20))
 export CXLRT_WORLD_SIZE=2 CXLRT_POOL=$P
 COLL=("bench" "allreduce" -b 4K -e 4K -n 200000 -w 0 -c 1)
 
@@ -19,7 +22,7 @@ role_a() {
   make_dax
   flag a_dax
   wait_flag b_dax
-  run "$CXLRT" pool create "$P?size=192M"
+  run "$CXLRT" pool create "$P?size=240M"
   log "boot id $(cat /proc/sys/kernel/random/boot_id)"
   # The writer first, so that it takes host 0's first slot (0), as it must
   # again after the reboot; the all-reduce's rank 0 then takes slot 1.
@@ -44,6 +47,8 @@ role_a() {
     sleep 0.5
   done
   sleep 3
+  # One large put, through the MMIO window: B asks for the kill while it runs.
+  CXLRT_HOST_ID=0 "$KV_WRITER" bigput "$P" "$BIG" big0 >"$out/a.big.log" 2>&1 &
   flag a_running
   sleep 120
   fail "A was not killed"
@@ -102,8 +107,14 @@ role_b() {
   CXLRT_RANK=1 CXLRT_HOST_ID=1 "$CXLRT" "${COLL[@]}" >/tmp/b.coll.log 2>&1 &
   local coll=$!
   wait_flag a_running
-  sleep 1
-  local slot info t0 t1 rc n_quit
+  local deadline=$((SECONDS + 30))
+  until grep -q '^PUT STARTED' "$out/a.big.log" 2>/dev/null; do
+    ((SECONDS < deadline)) || fail "A's big put did not start: $(tail -3 "$out/a.big.log")"
+    sleep 0.1
+  done
+  sleep 0.5
+  grep -q '^PUT DONE' "$out/a.big.log" && fail "A's big put ended before the quit: $(tail -1 "$out/a.big.log")"
+  local slot info t0 t1 rc n_quit big_slot
   slot=$(awk '$1 == "ATTACHED" {print $3}' "$out/a.writer.log")
   info=$("$CXLRT" pool info "$P")
   grep -E "^ *slot " <<<"$info"
@@ -112,8 +123,11 @@ role_b() {
   read -r t0 _ </proc/uptime
   monitor a quit
   n_quit=$(grep -c '^OK' "$out/a.writer.log")
+  grep -q '^PUT DONE' "$out/a.big.log" && fail "A's big put ended before the kill: $(tail -1 "$out/a.big.log")"
+  big_slot=$(awk '$1 == "ATTACHED" {print $3}' "$out/a.big.log")
+  log "A killed inside its put of $BIG B (slot $big_slot)"
   log "A killed with $n_quit puts of ${SIZE} B committed (writer in slot $slot)"
-  local deadline=$((SECONDS + 30))
+  deadline=$((SECONDS + 30))
   while kill -0 "$coll" 2>/dev/null; do
     ((SECONDS < deadline)) || fail "B's all-reduce did not end within 30 s of the kill"
     sleep 0.1
@@ -135,8 +149,11 @@ role_b() {
   local rec
   rec=$("$KV_WRITER" recover "$P" "$slot") || fail "RecoverDeadHosts did not recover slot $slot: $rec"
   log "$rec"
+  rec=$("$KV_WRITER" recover "$P" "$big_slot") || fail "RecoverDeadHosts did not recover slot $big_slot: $rec"
+  log "$rec"
   run "$CXLRT" pool check "$P"
   run "$KV_WRITER" verify "$P" "$out/a.writer.log" "$SIZE"
+  run "$KV_WRITER" bigcheck "$P" "$big_slot" "$BIG" big0
   run "$CXLRT" pool info "$P" | grep -E "hosts|^ *slot"
   monitor a boot
   wait_flag a2_running 120
