@@ -155,7 +155,6 @@ int Verify(const std::string& uri, const std::string& log, size_t size, const st
   return bad == 0 && n > 0 ? 0 : 1;
 }
 
-
 // --- cross: two kernels, one process each (tests/vm/scenario_basic.sh). ---
 // They signal through files in DIR (the 9p share): the harness's ordering.
 
@@ -215,12 +214,9 @@ int CrossA(const std::string& uri, const std::string& dir) {
     offsets += std::to_string(*off) + "\n";
   }
   const allocator::HostStats held = h->alloc->LocalStats();
-  {
-    std::ofstream(dir + "/cross.offsets") << offsets;
-  }
-  std::printf("slot %u allocated %d blocks of %zu B: bytes in use %llu -> %llu\n",
-              h->alloc->slot(), kCrossBlocks, kCrossSize,
-              static_cast<unsigned long long>(before.bytes_in_use),
+  { std::ofstream(dir + "/cross.offsets") << offsets; }
+  std::printf("slot %u allocated %d blocks of %zu B: bytes in use %llu -> %llu\n", h->alloc->slot(),
+              kCrossBlocks, kCrossSize, static_cast<unsigned long long>(before.bytes_in_use),
               static_cast<unsigned long long>(held.bytes_in_use));
   if (held.bytes_in_use < before.bytes_in_use + kCrossBlocks * kCrossSize) {
     std::printf("FAIL: bytes in use did not grow by the blocks\n");
@@ -242,11 +238,12 @@ int CrossA(const std::string& uri, const std::string& dir) {
     }
     usleep(20000);
   }
-  std::printf("B's %d remote frees drained from the ring after %lld ms: bytes in use %llu, "
-              "rejected frees %llu\n",
-              kCrossBlocks, static_cast<long long>(MonoMs() - start),
-              static_cast<unsigned long long>(after.bytes_in_use),
-              static_cast<unsigned long long>(after.rejected_frees));
+  std::printf(
+      "B's %d remote frees drained from the ring after %lld ms: bytes in use %llu, "
+      "rejected frees %llu\n",
+      kCrossBlocks, static_cast<long long>(MonoMs() - start),
+      static_cast<unsigned long long>(after.bytes_in_use),
+      static_cast<unsigned long long>(after.rejected_frees));
   if (after.rejected_frees != 0) return 1;
   if (absl::Status s = allocator::Audit(*h->pool); !s.ok()) return Fail("allocator audit", s);
 
@@ -443,9 +440,10 @@ int main(int argc, char** argv) {
   }
   if (mode == "cross-a" && argc == 4) return CrossA(argv[2], argv[3]);
   if (mode == "cross-b" && argc == 4) return CrossB(argv[2], argv[3]);
-  std::fprintf(stderr,
-               "usage: kv_writer write URI SECONDS SIZE [NS] | recover URI SLOT | verify URI LOG "
-               "SIZE [NS] | cross-a URI DIR | cross-b URI DIR | bigput URI SIZE KEY | bigcheck URI SLOT "
-               "SIZE KEY\n");
+  std::fprintf(
+      stderr,
+      "usage: kv_writer write URI SECONDS SIZE [NS] | recover URI SLOT | verify URI LOG "
+      "SIZE [NS] | cross-a URI DIR | cross-b URI DIR | bigput URI SIZE KEY | bigcheck URI SLOT "
+      "SIZE KEY\n");
   return 2;
 }
