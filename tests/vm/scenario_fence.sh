@@ -20,7 +20,7 @@ role_a() {
   local sampler=$!
   "$KV_WRITER" write "$P" 60 "$SIZE" >"$out/a.writer.log" 2>&1 &
   local writer=$!
-  local deadline=$((SECONDS + 30))
+  local deadline=$((SECONDS + 90))
   until (($(grep -c '^OK' "$out/a.writer.log") >= 100)); do
     ((SECONDS < deadline)) || fail "the writer did not commit 100 puts: $(tail -3 "$out/a.writer.log")"
     kill -0 "$writer" 2>/dev/null || fail "the writer ended early: $(tail -3 "$out/a.writer.log")"

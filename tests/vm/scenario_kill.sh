@@ -29,7 +29,7 @@ role_a() {
   # 20 ms apart, so that every key fits the store (it would evict the oldest).
   KV_WRITER_PAUSE_US=20000 CXLRT_HOST_ID=0 "$KV_WRITER" write "$P" 120 "$SIZE" >"$out/a.writer.log" 2>&1 &
   local writer=$!
-  local deadline=$((SECONDS + 30))
+  local deadline=$((SECONDS + 90))
   until grep -q '^ATTACHED' "$out/a.writer.log"; do
     ((SECONDS < deadline)) || fail "the writer did not attach: $(tail -3 "$out/a.writer.log")"
     sleep 0.2
@@ -73,7 +73,7 @@ role_a_reboot() {
     # Attached again, then killed again; B leaves the slot alone this time.
     KV_WRITER_PAUSE_US=20000 CXLRT_HOST_ID=0 "$KV_WRITER" write "$P" 120 1024 boot2 \
       >"$out/a2b.writer.log" 2>&1 &
-    local deadline=$((SECONDS + 30))
+    local deadline=$((SECONDS + 90))
     until (($(grep -c '^OK' "$out/a2b.writer.log") >= 20)); do
       ((SECONDS < deadline)) || fail "the boot-2 writer did not commit 20 puts: $(tail -3 "$out/a2b.writer.log")"
       sleep 0.2
@@ -107,7 +107,7 @@ role_b() {
   CXLRT_RANK=1 CXLRT_HOST_ID=1 "$CXLRT" "${COLL[@]}" >/tmp/b.coll.log 2>&1 &
   local coll=$!
   wait_flag a_running
-  local deadline=$((SECONDS + 30))
+  local deadline=$((SECONDS + 90))
   until grep -q '^PUT STARTED' "$out/a.big.log" 2>/dev/null; do
     ((SECONDS < deadline)) || fail "A's big put did not start: $(tail -3 "$out/a.big.log")"
     sleep 0.1
@@ -127,7 +127,7 @@ role_b() {
   big_slot=$(awk '$1 == "ATTACHED" {print $3}' "$out/a.big.log")
   log "A killed inside its put of $BIG B (slot $big_slot)"
   log "A killed with $n_quit puts of ${SIZE} B committed (writer in slot $slot)"
-  deadline=$((SECONDS + 30))
+  deadline=$((SECONDS + 90))
   while kill -0 "$coll" 2>/dev/null; do
     ((SECONDS < deadline)) || fail "B's all-reduce did not end within 30 s of the kill"
     sleep 0.1
