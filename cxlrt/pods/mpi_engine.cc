@@ -413,15 +413,17 @@ class MpiEngineImpl final : public InterPodEngine {
             "mpi: Wait(ticket ", ticket, ") passed its deadline: ", p.what, " (ticket ", p.ticket,
             ", member ", rank_, " of ", size_, ") is not complete: ", who)));
       }
-      // Spin a little, then yield, then sleep with backoff (at most 1 ms
-      // past the moment the operation completes).
+      // Spin a little, then yield. Without a progress thread MPI moves the
+      // bytes only inside MPI_Test, so Wait keeps calling it (as MPI_Wait
+      // busy-polls); with one, Wait sleeps with backoff (at most 100 us past
+      // the moment the operation completes).
       if (round < 64) continue;
-      if (round < 256) {
+      if (round < 256 || !progress_.joinable()) {
         sched_yield();
         continue;
       }
       absl::SleepFor(std::min(nap, std::max(absl::ZeroDuration(), deadline - absl::Now())));
-      nap = std::min(nap * 2, absl::Milliseconds(1));
+      nap = std::min(nap * 2, absl::Microseconds(100));
     }
   }
 
