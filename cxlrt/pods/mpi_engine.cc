@@ -639,7 +639,7 @@ absl::StatusOr<std::unique_ptr<InterPodEngine>> MpiEngineImpl::Split(int color, 
   // helper thread and the caller still gives up at the deadline (a member
   // that died since the exchange above); otherwise it runs here.
   MPI_Comm out = MPI_COMM_NULL;
-  if (progress_.joinable()) {
+  if (MpiEngine::ThreadMultiple()) {
     auto call = std::make_shared<SplitCall>();
     MPI_Comm comm = comm_;
     std::thread([call, comm, color, key] {
