@@ -2,9 +2,11 @@
 # `cxlrt run --pods` (docs/pods-mpi.md): ranks placed in pods as documented,
 # each pod's pool made before the ranks and destroyed after, the exit code
 # of a failed rank, the error without mpirun, and the MPI engine's suite
-# run across two pods through it. Usage: run_pods_test.sh CXLRT MPI_ENGINE_TEST
+# run across two pods through it, and a rank killed in one pod reported by
+# the others at their deadline.
+# Usage: run_pods_test.sh CXLRT MPI_ENGINE_TEST MPI_ENGINE_FAULT
 set -uo pipefail
-cxlrt=$1 engine_test=$2
+cxlrt=$1 engine_test=$2 engine_fault=$3
 fail=0
 check() {  # check NAME WANT GOT
   if [[ "$2" != "$3" ]]; then
@@ -53,4 +55,10 @@ check "no mpirun" "2 1" "$rc $(grep -c 'install Open MPI' <<<"$out")"
 out=$("$cxlrt" run --pod-sizes 2,1 --timeout 120 -- "$engine_test" --gtest_color=no 2>&1); rc=$?
 check "mpi_engine_test under --pod-sizes 2,1" "0 3" "$rc $(grep -c '\[  PASSED  \]' <<<"$out")"
 ((rc == 0)) || tail -30 <<<"$out"
+# A rank of pod 1 SIGKILLs itself mid-loop: the job's code is its signal,
+# and the two others (one in each pod) report their error (PASS).
+out=$(timeout 100 "$cxlrt" run --pods 2 -n 3 --timeout 60 -- "$engine_fault" kill 2>&1); rc=$?
+check "killed rank's code" 137 "$rc"
+check "killed rank named" 1 "$(grep -c 'rank 1 (pod 1, local rank 0) was killed by signal 9' <<<"$out")"
+check "survivors reported" "2 0" "$(grep -c '^rank [02]: PASS' <<<"$out") $(grep -c 'FAIL' <<<"$out")"
 exit $fail
