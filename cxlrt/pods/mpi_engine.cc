@@ -160,9 +160,7 @@ class MpiEngineImpl final : public InterPodEngine {
     int flag = 0;
     MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_ub, &flag);
     tag_ub_ = flag && tag_ub ? *tag_ub : 32767;
-    if (progress_thread && MPI_Comm_dup(comm_, &progress_comm_) == MPI_SUCCESS) {
-      progress_ = std::thread([this] { ProgressLoop(); });
-    }
+    if (progress_thread) progress_ = std::thread([this] { ProgressLoop(); });
   }
 
   ~MpiEngineImpl() override {
@@ -185,7 +183,6 @@ class MpiEngineImpl final : public InterPodEngine {
       if (!done.ok() || !*done) break;
     }
     if (!pending_.empty() || !broken_.ok() || aborted_.load()) return;
-    if (progress_comm_ != MPI_COMM_NULL) MPI_Comm_free(&progress_comm_);
     MPI_Comm_free(&comm_);
   }
 
@@ -567,8 +564,11 @@ class MpiEngineImpl final : public InterPodEngine {
     return true;
   }
 
-  // The progress thread: while operations are in flight, enters MPI (which
-  // progresses every request of the process) without touching them.
+  // The progress thread: while operations are in flight, enters MPI, which
+  // progresses every request of the process, without touching them (MPI
+  // forbids two threads to complete one request): an MPI_Iprobe on
+  // MPI_COMM_SELF, where nothing is ever sent, so it matches nothing and
+  // needs no collective to set up.
   void ProgressLoop() {
     while (true) {
       {
@@ -577,13 +577,12 @@ class MpiEngineImpl final : public InterPodEngine {
         if (stop_) return;
       }
       int flag = 0;
-      MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, progress_comm_, &flag, MPI_STATUS_IGNORE);
+      MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_SELF, &flag, MPI_STATUS_IGNORE);
       sched_yield();
     }
   }
 
   MPI_Comm comm_;
-  MPI_Comm progress_comm_ = MPI_COMM_NULL;
   MpiEngineOptions options_;
   int rank_ = 0, size_ = 1, tag_ub_ = 32767;
   size_t max_count_ = INT_MAX;

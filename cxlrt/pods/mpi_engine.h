@@ -16,8 +16,8 @@
 // another pod never hangs a rank. Open MPI progresses a nonblocking
 // collective only inside MPI calls: when MPI_THREAD_MULTIPLE is provided,
 // the engine runs a progress thread while it has operations in flight (it
-// calls MPI_Iprobe on a private communicator, never MPI_Test on the
-// caller's requests), so the inter-pod step of one chunk moves while the
+// calls MPI_Iprobe on MPI_COMM_SELF, never MPI_Test on the caller's
+// requests), so the inter-pod step of one chunk moves while the
 // caller works in the pool; otherwise operations progress in Wait only.
 //
 // After an error (a deadline, MPI's, an Abort) the engine is broken: every
