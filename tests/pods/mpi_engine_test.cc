@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -392,6 +393,33 @@ TEST(MpiEngineTest, BadArgumentsAreRefusedNamingWhatWasWrong) {
   auto bar = w.Barrier();
   ASSERT_TRUE(bar.ok()) << bar.status();
   EXPECT_TRUE(w.Wait(*bar, Soon()).ok());
+}
+
+// The progress thread moves a 16 MiB Send (TCP's rendezvous needs the
+// receiver's answers) while the receiver makes no MPI call for 6 s: the
+// sender's Wait completes long before (deadline 4 s). Without the thread
+// the receiver answers only in its own Wait, 6 s later.
+TEST(MpiEngineTest, TheProgressThreadMovesASendWhileTheReceiverComputes) {
+  ASSERT_TRUE(MpiEngine::ThreadMultiple()) << "World asks for MPI_THREAD_MULTIPLE";
+  auto e = MpiEngine::World(MPI_COMM_WORLD);
+  ASSERT_TRUE(e.ok()) << e.status();
+  InterPodEngine& w = **e;
+  std::vector<char> buf(16 << 20, static_cast<char>(w.rank() + 1));
+  if (w.rank() == 0) {
+    auto s = w.Send(buf.data(), buf.size(), 1, 2);
+    ASSERT_TRUE(s.ok());
+    absl::Status st = w.Wait(*s, absl::Now() + absl::Seconds(4));
+    EXPECT_TRUE(st.ok()) << st;
+  } else if (w.rank() == 1) {
+    auto r = w.Recv(buf.data(), buf.size(), 0, 2);
+    ASSERT_TRUE(r.ok());
+    absl::SleepFor(absl::Seconds(6));  // no MPI call: only the thread enters MPI
+    ASSERT_TRUE(w.Wait(*r, Soon()).ok());
+    EXPECT_EQ(buf, std::vector<char>(16 << 20, 1));
+  }
+  auto bar = World().Barrier();
+  ASSERT_TRUE(bar.ok());
+  EXPECT_TRUE(World().Wait(*bar, Soon()).ok());
 }
 
 TEST(MpiEngineTest, ARecvOfTheWrongSizeIsAnErrorNotAShortBuffer) {
