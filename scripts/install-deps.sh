@@ -20,6 +20,7 @@ PACKAGES=(
   libhwloc-dev hwloc
   libpmem2-dev
   libcli11-dev
+  openmpi-bin libopenmpi-dev
   nlohmann-json3-dev
   python3 python3-dev python3-venv pybind11-dev python3-numpy python3-pytest python3-hypothesis
   spin

@@ -31,5 +31,10 @@ int KvHandoff(uint64_t block_bytes, int blocks, double timeout_s);
 // when the job could not start.
 int Run(int ranks, int hosts, const std::string& pool, double timeout_s,
         const std::vector<std::string>& command);
+// `cxlrt run --pods`: `pods` emulated pods (or pods of `pod_sizes`), each
+// with its own pool, the ranks under mpirun (emulation::LaunchPods).
+// `ranks` 0: the sum of `pod_sizes`. Returns as Run does.
+int RunPods(int ranks, int pods, const std::vector<int>& pod_sizes, const std::string& pool,
+            double timeout_s, const std::vector<std::string>& command);
 
 }  // namespace cxlrt::tools

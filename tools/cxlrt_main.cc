@@ -70,23 +70,36 @@ int main(int argc, char** argv) {
   fence->add_option("slot", slot, "Host slot to fence")->required()->check(CLI::Range(0, 4095));
   fence->add_flag("--force", force, "Fence even when the host looks alive");
 
-  int ranks = 1, hosts = 0, reps = 7;
+  int ranks = 0, hosts = 0, reps = 7, pods = 0;
+  std::vector<int> pod_sizes;
   double timeout_s = 0;
   std::string run_pool;
   std::vector<std::string> command;
   CLI::App* run = app.add_subcommand(
       "run",
       "Start N ranks as processes over emulated hosts on one pool; output prefixed by rank. "
-      "Usage: cxlrt run -n N [--hosts H] [--pool URI] -- CMD ARGS");
-  run->add_option("-n,--ranks", ranks, "Number of ranks (processes)")
-      ->required()
-      ->check(CLI::Range(1, 1024));
-  run->add_option("--hosts", hosts,
-                  "Emulated hosts the ranks are spread over (default: one per rank)")
-      ->check(CLI::Range(1, 1024));
+      "With --pods, P emulated pods, each with its own pool, under mpirun (docs/pods-mpi.md). "
+      "Usage: cxlrt run -n N [--hosts H] [--pool URI] -- CMD ARGS; "
+      "cxlrt run --pods P -n N [--pool URI] -- CMD ARGS; cxlrt run --pod-sizes 2,3 -- CMD ARGS");
+  run->add_option("-n,--ranks", ranks, "Number of ranks (processes)")->check(CLI::Range(1, 1024));
+  CLI::Option* hosts_opt =
+      run->add_option("--hosts", hosts,
+                      "Emulated hosts the ranks are spread over (default: one per rank)")
+          ->check(CLI::Range(1, 1024));
+  CLI::Option* pods_opt =
+      run->add_option("--pods", pods,
+                      "Emulated pods, each with its own pool; pod p gets ranks [N*p/P, "
+                      "N*(p+1)/P); the ranks run under mpirun, loopback TCP between them")
+          ->check(CLI::Range(1, 1024));
+  CLI::Option* pod_sizes_opt =
+      run->add_option("--pod-sizes", pod_sizes, "Ranks of each pod, e.g. 2,3 (implies --pods)")
+          ->delimiter(',')
+          ->check(CLI::Range(1, 1024));
+  hosts_opt->excludes(pods_opt)->excludes(pod_sizes_opt);
   run->add_option("--pool", run_pool,
                   "Pool URI; created (and destroyed after) when missing and it has size=. "
-                  "Default: a fresh emu://run-PID?size=256M");
+                  "Default: a fresh emu://run-PID?size=256M. With --pods, each pod's pool is "
+                  "this one with -podP appended to its name (default emu://run-PID-podP)");
   run->add_option("--timeout", timeout_s, "Stop every rank after this many seconds (0: never)")
       ->check(CLI::Range(0.0, 1e7));
   run->add_option("command", command, "Command and arguments, after --")->required();
@@ -310,7 +323,16 @@ int main(int argc, char** argv) {
     }
     return tools::KvHandoff(*block, handoff_blocks, handoff_timeout);
   }
-  if (*run) return tools::Run(ranks, hosts, run_pool, timeout_s, command);
+  if (*run) {
+    if (pods > 0 || !pod_sizes.empty()) {
+      return tools::RunPods(ranks, pods, pod_sizes, run_pool, timeout_s, command);
+    }
+    if (ranks == 0) {
+      std::fprintf(stderr, "cxlrt run: -n N is required (the number of ranks)\n");
+      return 2;
+    }
+    return tools::Run(ranks, hosts, run_pool, timeout_s, command);
+  }
   if (*bench_kv) {
     for (const std::string& b : kv_blocks) {
       auto v = runtime::ParseByteSize(b, "--block");

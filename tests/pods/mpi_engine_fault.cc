@@ -1,0 +1,138 @@
+// The failure paths of the MPI engine between pods (cxlrt/pods/mpi_engine.h),
+// one mode per run under mpirun (tests/pods/run_fault.sh checks the
+// results):
+//   deadline: the last rank never joins a Split, an AllReduce, or sends what
+//             the others Recv; every other rank's call returns
+//             kDeadlineExceeded within its deadline plus a margin.
+//   kill:     every rank loops over AllReduce; rank 1 SIGKILLs itself at
+//             iteration 20; every other rank returns an error (the
+//             deadline, or MPI's error as kAborted) within its deadline
+//             plus a margin, never hangs.
+// Each rank writes one line, "PASS ..." or "FAIL ...", to
+// $CXLRT_FAULT_OUT/rank.N, and exits (0) at once after, without waiting for
+// the dead or absent rank.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "cxlrt/pods/mpi_engine.h"
+
+namespace {
+
+using cxlrt::collectives::DataType;
+using cxlrt::collectives::RedOp;
+using cxlrt::pods::InterPodEngine;
+using cxlrt::pods::MpiEngine;
+
+const absl::Duration kDeadline = absl::Milliseconds(1500);
+const absl::Duration kMargin = absl::Seconds(2);
+
+void Report(int rank, bool pass, const std::string& what) {
+  const char* dir = std::getenv("CXLRT_FAULT_OUT");
+  const std::string line = absl::StrCat(pass ? "PASS " : "FAIL ", what, "\n");
+  std::fprintf(stderr, "rank %d: %s", rank, line.c_str());
+  if (dir) std::ofstream(absl::StrCat(dir, "/rank.", rank)) << line;
+}
+
+// Checks that `s` is an error of one of `codes`, seen within the deadline
+// plus the margin of `start`; appends what happened to `log`.
+bool Expect(const absl::Status& s, absl::Time start, std::vector<absl::StatusCode> codes,
+            const char* call, std::string* log) {
+  const absl::Duration took = absl::Now() - start;
+  bool code_ok = false;
+  for (absl::StatusCode c : codes) code_ok |= s.code() == c;
+  const bool in_time = took <= kDeadline + kMargin;
+  absl::StrAppend(log, call, " -> ", s.ToString(), " after ", absl::FormatDuration(took), "; ");
+  return code_ok && in_time;
+}
+
+// `w` and `other` are two engines over the same ranks: the first call that
+// passes its deadline leaves its engine unusable.
+int Deadline(InterPodEngine& w, InterPodEngine& other) {
+  const int absent = w.size() - 1;
+  if (w.rank() == absent) {
+    // Alive, but never joins: sleeps past every deadline of the others.
+    absl::SleepFor(3 * kDeadline + kMargin);
+    Report(w.rank(), true, "the absent member slept through");
+    return 0;
+  }
+  std::string log;
+  bool ok = true;
+  {
+    // A Recv from the absent member names it.
+    char buf[64];
+    auto r = other.Recv(buf, sizeof buf, absent, 4);
+    const absl::Time start = absl::Now();
+    absl::Status s = r.ok() ? other.Wait(*r, start + kDeadline) : r.status();
+    ok &= Expect(s, start, {absl::StatusCode::kDeadlineExceeded}, "Recv", &log);
+    ok &=
+        s.message().find(absl::StrCat("member ", absent, " has not sent it")) != std::string::npos;
+  }
+  {
+    const absl::Time start = absl::Now();
+    auto rail = w.Split(0, 0, start + kDeadline);
+    ok &= Expect(rail.status(), start, {absl::StatusCode::kDeadlineExceeded}, "Split", &log);
+  }
+  return (Report(w.rank(), ok, log), ok ? 0 : 1);
+}
+
+int Kill(InterPodEngine& w) {
+  std::vector<float> in(1024, 1.0f), out(1024);
+  for (int i = 0;; ++i) {
+    if (w.rank() == 1 && i == 20) raise(SIGKILL);
+    auto t = w.AllReduce(in.data(), out.data(), in.size(), DataType::kFloat32, RedOp::kSum);
+    const absl::Time start = absl::Now();
+    absl::Status s = t.ok() ? w.Wait(*t, start + kDeadline) : t.status();
+    if (s.ok()) {
+      if (out[0] != static_cast<float>(w.size())) {
+        Report(w.rank(), false, absl::StrCat("iteration ", i, ": sum ", out[0]));
+        return 1;
+      }
+      if (i > 10000) {
+        Report(w.rank(), false, "no error 10000 iterations after the kill");
+        return 1;
+      }
+      continue;
+    }
+    std::string log = absl::StrCat("iteration ", i, ": ");
+    const bool ok =
+        Expect(s, start, {absl::StatusCode::kDeadlineExceeded, absl::StatusCode::kAborted},
+               "AllReduce", &log);
+    Report(w.rank(), ok && i >= 20, log);
+    return ok ? 0 : 1;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: mpirun -n 3 %s deadline|kill\n", argv[0]);
+    return 2;
+  }
+  auto w = MpiEngine::World(MPI_COMM_WORLD);
+  if (!w.ok()) {
+    std::fprintf(stderr, "MpiEngine::World: %s\n", w.status().ToString().c_str());
+    return 1;
+  }
+  auto other = MpiEngine::World(MPI_COMM_WORLD);
+  if (!other.ok()) {
+    std::fprintf(stderr, "MpiEngine::World: %s\n", other.status().ToString().c_str());
+    return 1;
+  }
+  const std::string mode = argv[1];
+  int rc = 2;
+  if (mode == "deadline") rc = Deadline(**w, **other);
+  if (mode == "kill") rc = Kill(**w);
+  if (rc == 2) std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
+  std::fflush(nullptr);
+  // No MPI_Finalize: a member is dead or absent, and it would wait for it.
+  _exit(rc);
+}
