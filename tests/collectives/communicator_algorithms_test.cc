@@ -242,11 +242,17 @@ TEST_P(CollectivesTest, AllToAllVMovesUnevenPiecesIncludingEmptyOnes) {
 // to it, as tokens to a hot expert), pool-resident send buffers on every
 // rank, on rank 0 only (mixed), and on none; small slots, so the ranks
 // that copy through them take many posts while those in place post once.
+// 2 ranks with the CPU engine, 4 with the late engine.
 TEST_P(CollectivesTest, AllToAllVPostsPoolResidentSendBuffersInPlace) {
   enum Mode { kPrivate, kEveryRank, kRankZero };
   for (int n : {2, 4}) {
     for (Mode mode : {kPrivate, kEveryRank, kRankZero}) {
       SCOPED_TRACE(absl::StrCat(n, " ranks, mode ", mode));
+      if (n == 4) {
+        engine_factory_ = [](runtime::Coherence& c, int r) -> std::unique_ptr<CopyEngine> {
+          return std::make_unique<LateEngine>(c, 7 + r);
+        };
+      }
       CommOptions o;
       o.slot_bytes = 4096;
       RunRanks(
