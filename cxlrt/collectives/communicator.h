@@ -158,7 +158,7 @@ class Communicator {
   // their counts first, so a mismatch is kInvalidArgument naming both ranks,
   // on every rank. One round more than AllToAll (the counts). A send buffer
   // from Allocate is posted in place (peers read it where it is; it is the
-  // caller's again when the call returns); ranks may differ in that.
+  // caller's again when the call has run); ranks may differ in that.
   // kInvalidArgument: spans not of size() entries, or send and recv overlap.
   absl::Status AllToAllV(const void* send, absl::Span<const size_t> send_counts,
                          absl::Span<const size_t> send_displs, void* recv,
