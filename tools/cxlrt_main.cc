@@ -7,6 +7,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "bench/alloc_bench.h"
+#include "bench/alltoallv_bench.h"
 #include "bench/ceiling_probe.h"
 #include "bench/coll_bench.h"
 #include "bench/dma_bench.h"
@@ -227,6 +228,36 @@ int main(int argc, char** argv) {
     coll_apps.emplace_back(c, name);
   }
 
+  bench::AllToAllVBenchOptions a2av;
+  CLI::App* bench_a2av = bench->add_subcommand(
+      "alltoallv",
+      "The all-to-all-v of an MoE layer: each rank routes its tokens to experts with a skewed "
+      "distribution (fixed seed), then the dispatch and the combine (the reverse splits) are "
+      "timed call by call (medians of the slowest rank), beside this machine's memcpy bandwidth");
+  bench_a2av->add_option("--tokens", a2av.tokens, "Tokens per rank")->check(CLI::Range(0, 1 << 24));
+  bench_a2av->add_option("--hidden", a2av.hidden, "bf16 elements per token")
+      ->check(CLI::Range(1, 1 << 20));
+  bench_a2av->add_option("--experts-per-rank", a2av.experts_per_rank, "Experts on each rank")
+      ->check(CLI::Range(1, 4096));
+  bench_a2av->add_option("--topk", a2av.topk, "Experts per token (a token goes once to a rank)")
+      ->check(CLI::Range(1, 64));
+  bench_a2av->add_option("--skew", a2av.skew,
+                         "uniform, zipf:S (expert e weighs 1/(e+1)^S), hot:K:F (K hot experts "
+                         "take a fraction F)");
+  bench_a2av->add_option("--seed", a2av.seed, "Seed of the routing");
+  bench_a2av->add_option("--ranks", a2av.ranks, "Ranks to start as emulated hosts")
+      ->check(CLI::Range(1, 64));
+  bench_a2av->add_option("-n,--iters", a2av.iters, "Timed calls of each phase")
+      ->check(CLI::Range(1, 1000000));
+  bench_a2av->add_option("-w,--warmup_iters", a2av.warmup, "Warm-up calls")
+      ->check(CLI::Range(0, 1000000));
+  bench_a2av->add_option("-c,--check", a2av.check, "Check every element (0: no)");
+  bench_a2av->add_option("--pool", a2av.pool,
+                         "Pool URI, made and destroyed by the run (default emu://bench-a2av-PID)");
+  bench_a2av->add_flag("--in-pool", a2av.in_pool,
+                       "Buffers allocated in the pool (sends posted in place)");
+  bench_a2av->add_flag("--json", json, "One JSON object per phase");
+
   bench::CeilingOptions ceiling;
   std::string ceiling_min = "64K", ceiling_max = "64M", ceiling_chunk = "1M";
   CLI::App* bench_ceiling = bench->add_subcommand(
@@ -352,6 +383,10 @@ int main(int argc, char** argv) {
     return bench::RunKvBench(kvb);
   }
   if (*bench_alloc) return bench::RunAllocBench({alloc_uri, alloc_reps, json, alloc_sizes});
+  if (*bench_a2av) {
+    a2av.json = json;
+    return bench::RunAllToAllVBench(a2av);
+  }
   for (const auto& [c, name] : coll_apps) {
     if (!*c) continue;
     auto lo = runtime::ParseByteSize(coll_min, "-b");

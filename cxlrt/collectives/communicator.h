@@ -156,8 +156,9 @@ class Communicator {
   // displacements in elements, one per rank; zeros allowed). Rank i's
   // send_counts[j] must equal rank j's recv_counts[i]: the ranks exchange
   // their counts first, so a mismatch is kInvalidArgument naming both ranks,
-  // on every rank. One round more than AllToAll (the counts); pieces are
-  // copied through the slots (never posted in place).
+  // on every rank. One round more than AllToAll (the counts). A send buffer
+  // from Allocate is posted in place (peers read it where it is; it is the
+  // caller's again when the call has run); ranks may differ in that.
   // kInvalidArgument: spans not of size() entries, or send and recv overlap.
   absl::Status AllToAllV(const void* send, absl::Span<const size_t> send_counts,
                          absl::Span<const size_t> send_displs, void* recv,

@@ -6,6 +6,7 @@
 // arguments. Both the hardware and the simulated coherence domain.
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -142,45 +143,68 @@ TEST_P(CollectivesTest, ManyBackToBackCallsTwoCommunicatorsAndSendRecv) {
       absl::Seconds(120), {}, "many");
 }
 
-// AllToAllV between 3 ranks: rank i sends Count(i, j, scale) elements to
-// rank j (zeros among them), from pieces with gaps in reversed order, into
-// pieces with other gaps; every element and every gap is checked. Scales
-// from all-empty through inline posts to many chunks of small slots, with
-// the CPU engine and with the late engine (copies complete late and out of
-// order).
+// AllToAllV: rank i sends count(i, j) elements to rank j (zeros among
+// them), from pieces with gaps in reversed order, into pieces with other
+// gaps; every element and every gap is checked. With `pool` the send
+// buffer comes from comm.Allocate and is written through the coherence
+// layer (the simulated domain keeps those stores in this host's cache until
+// the post in place writes them back), so it is posted in place.
 size_t V2Count(int i, int j, size_t scale) { return (i * 5 + j * 3 + 1) % 4 * scale; }
 
-std::string RunAllToAllV(Communicator& comm, DataType t, size_t scale) {
+std::string RunAllToAllV(Communicator& comm, DataType t,
+                         const std::function<size_t(int, int)>& count,
+                         runtime::Pool* pool = nullptr) {
   const int n = comm.size(), r = comm.rank();
   const size_t es = SizeOf(t), gap = 3;
   std::vector<size_t> sc(n), sd(n), rc(n), rd(n);
   size_t stotal = gap, rtotal = 0;
   for (int j = n - 1; j >= 0; --j) {  // send pieces in reversed order
-    sc[j] = V2Count(r, j, scale);
+    sc[j] = count(r, j);
     sd[j] = stotal;
     stotal += sc[j] + gap;
   }
   for (int j = 0; j < n; ++j) {
-    rc[j] = V2Count(j, r, scale);
+    rc[j] = count(j, r);
     rd[j] = rtotal + gap;
     rtotal += rc[j] + gap;
   }
   rtotal += gap;
-  std::vector<uint8_t> send(stotal * es), recv(rtotal * es, 0xa5), want(rtotal * es, 0xa5);
+  std::vector<uint8_t> input(stotal * es), recv(rtotal * es, 0xa5), want(rtotal * es, 0xa5);
   // Element k of the piece from rank i to rank j: Value(t, i * n + j, k).
   for (int j = 0; j < n; ++j) {
-    for (size_t k = 0; k < sc[j]; ++k) Store(t, send.data(), sd[j] + k, Value(t, r * n + j, k));
+    for (size_t k = 0; k < sc[j]; ++k) Store(t, input.data(), sd[j] + k, Value(t, r * n + j, k));
     for (size_t k = 0; k < rc[j]; ++k) Store(t, want.data(), rd[j] + k, Value(t, j * n + r, k));
   }
-  absl::Status s = comm.AllToAllV(send.data(), sc, sd, recv.data(), rc, rd, t);
+  const uint8_t* send = input.data();
+  void* block = nullptr;
+  if (pool) {
+    auto p = comm.Allocate(input.size());
+    if (!p.ok()) return "Allocate: " + p.status().ToString();
+    block = *p;
+    const auto at =
+        static_cast<runtime::PoolOffset>(static_cast<uint8_t*>(block) - pool->backend().base());
+    // Lines cached from an earlier use of the block would be written back
+    // over the new bytes by the post in place: drop them first.
+    pool->coherence().Invalidate(at, input.size());
+    pool->coherence().Write(at, input.data(), input.size());
+    send = static_cast<const uint8_t*>(block);
+  }
+  absl::Status s = comm.AllToAllV(send, sc, sd, recv.data(), rc, rd, t);
+  if (block) {
+    if (absl::Status f = comm.Free(block); s.ok() && !f.ok()) s = f;
+  }
   if (!s.ok()) return s.ToString();
   if (recv != want) {
     size_t b = 0;
     while (recv[b] == want[b]) ++b;
-    return absl::StrCat("AllToAllV ", DataTypeName(t), " scale ", scale, ": byte ", b, " (element ",
-                        b / es, ") differs");
+    return absl::StrCat("AllToAllV ", DataTypeName(t), pool ? " pool-resident" : "", ": byte ", b,
+                        " (element ", b / es, ") of rank ", r, "'s receive buffer differs");
   }
   return "";
+}
+
+std::string RunAllToAllV(Communicator& comm, DataType t, size_t scale) {
+  return RunAllToAllV(comm, t, [scale](int i, int j) { return V2Count(i, j, scale); });
 }
 
 TEST_P(CollectivesTest, AllToAllVMovesUnevenPiecesIncludingEmptyOnes) {
@@ -211,6 +235,67 @@ TEST_P(CollectivesTest, AllToAllVMovesUnevenPiecesIncludingEmptyOnes) {
         },
         absl::Seconds(120), o);
     if (HasFailure()) return;
+  }
+}
+
+// Random splits with zeros and a hot rank (most of every rank's pieces go
+// to it, as tokens to a hot expert), pool-resident send buffers on every
+// rank, on rank 0 only (mixed), and on none; small slots, so the ranks
+// that copy through them take many posts while those in place post once.
+// 2 ranks with the CPU engine, 4 with the late engine.
+TEST_P(CollectivesTest, AllToAllVPostsPoolResidentSendBuffersInPlace) {
+  enum Mode { kPrivate, kEveryRank, kRankZero };
+  for (int n : {2, 4}) {
+    for (Mode mode : {kPrivate, kEveryRank, kRankZero}) {
+      SCOPED_TRACE(absl::StrCat(n, " ranks, mode ", mode));
+      if (n == 4) {
+        engine_factory_ = [](runtime::Coherence& c, int r) -> std::unique_ptr<CopyEngine> {
+          return std::make_unique<LateEngine>(c, 7 + r);
+        };
+      }
+      CommOptions o;
+      o.slot_bytes = 4096;
+      RunRanks(
+          n,
+          [&](Communicator& comm, allocator::Allocator& alloc) -> std::string {
+            const bool in_pool = mode == kEveryRank || (mode == kRankZero && comm.rank() == 0);
+            for (uint32_t seed = 1; seed <= 6; ++seed) {
+              // Every rank draws the same matrix: counts 0..2999, a third
+              // of them zero, rank seed % n hot (8x); seed 6 sends nothing.
+              std::vector<size_t> m(n * n);
+              uint64_t x = seed * 0x9e3779b97f4a7c15ull;
+              for (size_t k = 0; k < m.size(); ++k) {
+                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                const size_t v = x % 3 == 0 ? 0 : (x >> 8) % 3000;
+                m[k] = seed == 6 ? 0 : int(k % n) == int(seed % n) ? 8 * v : v;
+              }
+              size_t largest = 0;  // elements of the largest piece between two ranks
+              for (int k = 0; k < n * n; ++k) {
+                if (k / n != k % n) largest = std::max(largest, m[k]);
+              }
+              for (DataType t : {DataType::kInt8, DataType::kBfloat16, DataType::kFloat64}) {
+                const uint64_t before = comm.posts();
+                std::string e = RunAllToAllV(
+                    comm, t, [&](int i, int j) { return m[i * n + j]; },
+                    in_pool ? &alloc.pool() : nullptr);
+                if (!e.empty()) return absl::StrCat("seed ", seed, ": ", e);
+                // In place on every rank: the counts, then one post of every piece.
+                const uint64_t posts = comm.posts() - before;
+                if (mode == kEveryRank && largest > 0 && posts != 2) {
+                  return absl::StrCat("seed ", seed, ": ", posts,
+                                      " posts for a call in place on every rank (want 2)");
+                }
+                if (mode == kPrivate && largest * SizeOf(t) > 2 * 4096 && posts < 3) {
+                  return absl::StrCat("seed ", seed, ": ", posts,
+                                      " posts through 4 KiB slots: the call did not chunk");
+                }
+              }
+            }
+            return "";
+          },
+          absl::Seconds(120), o, "v-pool");
+      if (HasFailure()) return;
+    }
   }
 }
 
