@@ -1,0 +1,658 @@
+// The hierarchical communicator (pod_communicator.h): its lifecycle, the
+// error policy of both tiers, and the algorithms (docs/collectives.md,
+// "Beyond one pool", writes each down with its cost).
+#include "cxlrt/pods/pod_communicator.h"
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "cxlrt/runtime/status_macros.h"
+
+namespace cxlrt::pods {
+
+using collectives::Communicator;
+using Ticket = InterPodEngine::Ticket;
+
+namespace {
+constexpr uint64_t kDefaultChunkBytes = uint64_t{4} << 20;
+constexpr absl::Duration kDefaultTimeout = absl::Seconds(60);
+}  // namespace
+
+struct MultiPodCommunicator::Impl {
+  PodLayout layout;
+  std::string name;
+  absl::Duration timeout;
+  uint64_t chunk_bytes;
+  std::unique_ptr<Communicator> pod;      // the pod's pool communicator
+  std::unique_ptr<InterPodEngine> world;  // every rank
+  std::unique_ptr<InterPodEngine> rail;   // local index l, one per pod that has it
+  absl::Status failed;                    // the first error; then unusable
+  TierTimes times;
+  std::vector<uint8_t> scratch[3];  // per-call staging (grown, never shrunk)
+
+  ~Impl() {
+    // Leaves in the same order on every rank: the pod, the rail, the world.
+    pod.reset();
+    rail.reset();
+    world.reset();
+  }
+
+  absl::Time Deadline() const { return absl::Now() + timeout; }
+  size_t n() const { return static_cast<size_t>(layout.world_size); }
+  int m() const { return layout.min_pod_size; }
+
+  uint8_t* Scratch(int i, size_t bytes) {
+    if (scratch[i].size() < bytes) scratch[i].resize(bytes);
+    return scratch[i].data();
+  }
+
+  // Rail rank of pod p on the rail of local index l: pods that have l, in
+  // pod order (the rail was split with key = pod).
+  int RailRank(int p, int l) const {
+    int r = 0;
+    for (int q = 0; q < p; ++q) r += layout.pod_sizes[q] > l ? 1 : 0;
+    return r;
+  }
+
+  // Runs one call: refuses after an error; on a new error aborts both
+  // tiers so that every rank learns within its deadline.
+  absl::Status Run(const char* what, const std::function<absl::Status()>& body) {
+    if (!failed.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("pods/", name, " rank ", layout.rank, ": ", what,
+                       " after an earlier error: ", failed.message()));
+    }
+    absl::Status s = body();
+    if (!s.ok()) {
+      failed = s;
+      const std::string why =
+          absl::StrCat("rank ", layout.rank, " (pod ", layout.pod, " local ", layout.local_rank,
+                       ") failed in ", what, ": ", s.message());
+      pod->Abort(why);
+      if (rail) rail->Abort(why);
+      world->Abort(why);
+    }
+    return s;
+  }
+
+  // A pod step, timed.
+  absl::Status PodStep(const std::function<absl::Status()>& step) {
+    const absl::Time t0 = absl::Now();
+    absl::Status s = step();
+    times.pod += absl::Now() - t0;
+    return s;
+  }
+
+  absl::Status EngineWait(InterPodEngine& e, Ticket t) {
+    const absl::Time t0 = absl::Now();
+    absl::Status s = e.Wait(t, Deadline());
+    times.engine_wait += absl::Now() - t0;
+    ++times.engine_ops;
+    return s;
+  }
+
+  // The chunk pipeline: pre(k) and post(k) are pod steps, start(k) starts
+  // the engine's step of chunk k (or nothing). The engine's step of chunk
+  // k runs while pre(k + 1) and post(k - 1) do.
+  using Start = std::function<absl::StatusOr<std::optional<Ticket>>(size_t)>;
+  using Step = std::function<absl::Status(size_t)>;
+  absl::Status Pipeline(size_t chunks, InterPodEngine* e, const Step& pre, const Start& start,
+                        const Step& post) {
+    if (chunks == 0) return absl::OkStatus();
+    CXLRT_RETURN_IF_ERROR(PodStep([&] { return pre(0); }));
+    absl::StatusOr<std::optional<Ticket>> t = start(0);
+    for (size_t k = 0; k < chunks; ++k) {
+      if (!t.ok()) return t.status();
+      if (k + 1 < chunks) CXLRT_RETURN_IF_ERROR(PodStep([&] { return pre(k + 1); }));
+      if (t->has_value()) CXLRT_RETURN_IF_ERROR(EngineWait(*e, t->value()));
+      if (k + 1 < chunks) t = start(k + 1);
+      CXLRT_RETURN_IF_ERROR(PodStep([&] { return post(k); }));
+    }
+    return absl::OkStatus();
+  }
+
+  size_t ChunkElems(DataType type) const {
+    return std::max<size_t>(static_cast<size_t>(m()), chunk_bytes / SizeOf(type));
+  }
+
+  absl::Status DivideForAvg(void* buf, size_t count, DataType type) {
+    if (count == 0) return absl::OkStatus();
+    const void* src[1] = {buf};
+    collectives::Reduce(type, RedOp::kAvg, buf, src, 1, count, static_cast<int>(n()));
+    return absl::OkStatus();
+  }
+
+  absl::Status AllReduce(const void* send, void* recv, size_t count, DataType type, RedOp op);
+  absl::Status Broadcast(const void* send, void* recv, size_t count, DataType type, int root);
+  absl::Status Reduce(const void* send, void* recv, size_t count, DataType type, RedOp op,
+                      int root);
+  absl::Status AllGather(const void* send, void* recv, size_t count, DataType type);
+  absl::Status Gather(const void* send, void* recv, size_t count, DataType type, int root);
+  absl::Status Scatter(const void* send, void* recv, size_t count, DataType type, int root);
+  absl::Status AllToAllV(const void* send, absl::Span<const size_t> sc, absl::Span<const size_t> sd,
+                         void* recv, absl::Span<const size_t> rc, absl::Span<const size_t> rd,
+                         DataType type);
+  absl::Status Barrier();
+  absl::Status SendRecv(bool send, void* buf, size_t count, DataType type, int peer);
+};
+
+// All-reduce: shards over the smallest pod size m. Per chunk: (A) shard s
+// reduced in the pod onto local rank s (a reduce-scatter where the pod has
+// m ranks, one Reduce per shard where it has more); (E) the rail of local
+// index s all-reduces shard s across the pods; (C) the shards gathered back
+// in the pod (an all-gather, or one Broadcast per shard). The last shard
+// also carries the chunk's remainder (len - m * q elements).
+absl::Status MultiPodCommunicator::Impl::AllReduce(const void* send, void* recv, size_t count,
+                                                   DataType type, RedOp op) {
+  const size_t es = SizeOf(type);
+  const RedOp rop = op == RedOp::kAvg ? RedOp::kSum : op;
+  const int l = layout.local_rank, M = m();
+  const bool even = layout.pod_size == M;
+  const size_t ce = ChunkElems(type);
+  const size_t chunks = (count + ce - 1) / ce;
+  const size_t tmp_bytes = (ce / M + M) * es;
+  uint8_t* tmp[2] = {Scratch(0, tmp_bytes), Scratch(1, tmp_bytes)};
+  uint8_t* junk = Scratch(2, tmp_bytes);  // a non-root's unused Reduce output
+  const auto* in = static_cast<const uint8_t*>(send);
+  auto* out = static_cast<uint8_t*>(recv);
+  auto len_of = [&](size_t k) { return std::min(ce, count - k * ce); };
+  auto shard_len = [&](size_t len, int s) {
+    const size_t q = len / M;
+    return s == M - 1 ? len - q * (M - 1) : q;
+  };
+  auto pre = [&](size_t k) -> absl::Status {
+    const size_t off = k * ce, len = len_of(k), q = len / M, rem = len - q * M;
+    uint8_t* t = tmp[k % 2];
+    if (even) {
+      if (q > 0) CXLRT_RETURN_IF_ERROR(pod->ReduceScatter(in + off * es, t, q, type, rop));
+      if (rem > 0) {
+        CXLRT_RETURN_IF_ERROR(pod->Reduce(in + (off + q * M) * es, l == M - 1 ? t + q * es : junk,
+                                          rem, type, rop, M - 1));
+      }
+      return absl::OkStatus();
+    }
+    for (int s = 0; s < M; ++s) {
+      const size_t sl = shard_len(len, s);
+      if (sl == 0) continue;
+      CXLRT_RETURN_IF_ERROR(
+          pod->Reduce(in + (off + s * q) * es, l == s ? t : junk, sl, type, rop, s));
+    }
+    return absl::OkStatus();
+  };
+  auto start = [&](size_t k) -> absl::StatusOr<std::optional<Ticket>> {
+    if (l >= M) return std::nullopt;
+    const size_t sl = shard_len(len_of(k), l);
+    if (sl == 0) return std::nullopt;
+    uint8_t* t = tmp[k % 2];
+    CXLRT_ASSIGN_OR_RETURN(Ticket tk, rail->AllReduce(t, t, sl, type, rop));
+    return tk;
+  };
+  auto post = [&](size_t k) -> absl::Status {
+    const size_t off = k * ce, len = len_of(k), q = len / M, rem = len - q * M;
+    uint8_t* t = tmp[k % 2];
+    if (l < M && op == RedOp::kAvg) CXLRT_RETURN_IF_ERROR(DivideForAvg(t, shard_len(len, l), type));
+    if (even) {
+      if (q > 0) {
+        std::memcpy(out + (off + l * q) * es, t, q * es);
+        CXLRT_RETURN_IF_ERROR(pod->AllGather(out + (off + l * q) * es, out + off * es, q, type));
+      }
+      if (rem > 0) {
+        uint8_t* tail = out + (off + q * M) * es;
+        if (l == M - 1) std::memcpy(tail, t + q * es, rem * es);
+        CXLRT_RETURN_IF_ERROR(pod->Broadcast(tail, tail, rem, type, M - 1));
+      }
+      return absl::OkStatus();
+    }
+    for (int s = 0; s < M; ++s) {
+      const size_t sl = shard_len(len, s);
+      if (sl == 0) continue;
+      uint8_t* dst = out + (off + s * q) * es;
+      if (l == s) std::memcpy(dst, t, sl * es);
+      CXLRT_RETURN_IF_ERROR(pod->Broadcast(dst, dst, sl, type, s));
+    }
+    return absl::OkStatus();
+  };
+  return Pipeline(chunks, rail.get(), pre, start, post);
+}
+
+// Broadcast: in the root's pod a pool broadcast from the root; rail 0 then
+// carries it to local rank 0 of every other pod, which broadcasts it in its
+// pod. Pipelined by chunks.
+absl::Status MultiPodCommunicator::Impl::Broadcast(const void* send, void* recv, size_t count,
+                                                   DataType type, int root) {
+  const size_t es = SizeOf(type), ce = ChunkElems(type), chunks = (count + ce - 1) / ce;
+  const int rp = layout.pod_of[root], rl = root - layout.pod_first[rp];
+  const auto* in = static_cast<const uint8_t*>(send);
+  auto* out = static_cast<uint8_t*>(recv);
+  auto len_of = [&](size_t k) { return std::min(ce, count - k * ce); };
+  auto pre = [&](size_t k) -> absl::Status {
+    if (layout.pod != rp) return absl::OkStatus();
+    return pod->Broadcast(in + k * ce * es, out + k * ce * es, len_of(k), type, rl);
+  };
+  auto start = [&](size_t k) -> absl::StatusOr<std::optional<Ticket>> {
+    if (layout.local_rank != 0) return std::nullopt;
+    CXLRT_ASSIGN_OR_RETURN(Ticket t, rail->Broadcast(out + k * ce * es, len_of(k), type, rp));
+    return t;
+  };
+  auto post = [&](size_t k) -> absl::Status {
+    if (layout.pod == rp) return absl::OkStatus();
+    uint8_t* b = out + k * ce * es;
+    return pod->Broadcast(b, b, len_of(k), type, 0);
+  };
+  return Pipeline(chunks, rail.get(), pre, start, post);
+}
+
+// Reduce: a pool reduce onto local rank 0 of every pod; rail 0 reduces those
+// onto the root's pod; its local rank 0 hands the result to the root
+// (a pool Send) when the root is another rank. Pipelined by chunks.
+absl::Status MultiPodCommunicator::Impl::Reduce(const void* send, void* recv, size_t count,
+                                                DataType type, RedOp op, int root) {
+  const size_t es = SizeOf(type), ce = ChunkElems(type), chunks = (count + ce - 1) / ce;
+  const RedOp rop = op == RedOp::kAvg ? RedOp::kSum : op;
+  const int rp = layout.pod_of[root], rl = root - layout.pod_first[rp];
+  const int l = layout.local_rank;
+  const bool holder = layout.pod == rp && l == 0;  // gets the result from the rail
+  uint8_t* tmp[2] = {Scratch(0, ce * es), Scratch(1, ce * es)};
+  const auto* in = static_cast<const uint8_t*>(send);
+  auto* out = static_cast<uint8_t*>(recv);
+  auto len_of = [&](size_t k) { return std::min(ce, count - k * ce); };
+  // Where the holder's result of chunk k lands: the root's buffer when the
+  // holder is the root.
+  auto result = [&](size_t k) { return rl == 0 ? out + k * ce * es : tmp[k % 2]; };
+  auto pre = [&](size_t k) -> absl::Status {
+    return pod->Reduce(in + k * ce * es, tmp[k % 2], len_of(k), type, rop, 0);
+  };
+  auto start = [&](size_t k) -> absl::StatusOr<std::optional<Ticket>> {
+    if (l != 0) return std::nullopt;
+    CXLRT_ASSIGN_OR_RETURN(Ticket t, rail->Reduce(tmp[k % 2], holder ? result(k) : tmp[k % 2],
+                                                  len_of(k), type, rop, rp));
+    return t;
+  };
+  auto post = [&](size_t k) -> absl::Status {
+    if (layout.pod != rp) return absl::OkStatus();
+    if (holder && op == RedOp::kAvg)
+      CXLRT_RETURN_IF_ERROR(DivideForAvg(result(k), len_of(k), type));
+    if (rl == 0) return absl::OkStatus();
+    if (holder) return pod->Send(result(k), len_of(k), type, rl);
+    if (l == rl) return pod->Recv(out + k * ce * es, len_of(k), type, 0);
+    return absl::OkStatus();
+  };
+  return Pipeline(chunks, rail.get(), pre, start, post);
+}
+
+// All-gather: a pool all-gather into the pod's region of the result; rail 0
+// exchanges the pods' regions (an all-to-all-v in which each local rank 0
+// sends its region to every other pod); local rank 0 broadcasts the other
+// pods' regions in its pod.
+absl::Status MultiPodCommunicator::Impl::AllGather(const void* send, void* recv, size_t count,
+                                                   DataType type) {
+  const size_t es = SizeOf(type), block = count * es;
+  auto* out = static_cast<uint8_t*>(recv);
+  const int P = layout.npods, mine = layout.pod;
+  uint8_t* region = out + layout.pod_first[mine] * block;
+  const size_t region_bytes = layout.pod_size * block;
+  CXLRT_RETURN_IF_ERROR(PodStep([&] { return pod->AllGather(send, region, count, type); }));
+  if (layout.local_rank == 0) {
+    uint8_t* staged = Scratch(0, region_bytes);
+    std::memcpy(staged, region, region_bytes);
+    std::vector<size_t> sc(P), sd(P, 0), rc(P), rd(P);
+    for (int p = 0; p < P; ++p) {
+      sc[p] = p == mine ? 0 : region_bytes;
+      rc[p] = p == mine ? 0 : layout.pod_sizes[p] * block;
+      rd[p] = layout.pod_first[p] * block;
+    }
+    CXLRT_ASSIGN_OR_RETURN(Ticket t, rail->AllToAllV(staged, sc, sd, out, rc, rd));
+    CXLRT_RETURN_IF_ERROR(EngineWait(*rail, t));
+  }
+  return PodStep([&]() -> absl::Status {
+    const size_t before = layout.pod_first[mine] * block;
+    const size_t after_at = before + region_bytes, total = n() * block;
+    if (before > 0) CXLRT_RETURN_IF_ERROR(pod->Broadcast(out, out, before, DataType::kUint8, 0));
+    if (total > after_at) {
+      CXLRT_RETURN_IF_ERROR(
+          pod->Broadcast(out + after_at, out + after_at, total - after_at, DataType::kUint8, 0));
+    }
+    return absl::OkStatus();
+  });
+}
+
+// Gather: a pool gather onto local rank 0 of every pod; rail 0 sends each
+// pod's region to the root's pod (an all-to-all-v with one receiver); its
+// local rank 0 hands the whole result to the root when that is another rank.
+absl::Status MultiPodCommunicator::Impl::Gather(const void* send, void* recv, size_t count,
+                                                DataType type, int root) {
+  const size_t es = SizeOf(type), block = count * es;
+  const int P = layout.npods, rp = layout.pod_of[root], rl = root - layout.pod_first[rp];
+  const int l = layout.local_rank;
+  const size_t region_bytes = layout.pod_size * block;
+  uint8_t* region = Scratch(0, region_bytes);
+  CXLRT_RETURN_IF_ERROR(PodStep([&] { return pod->Gather(send, region, count, type, 0); }));
+  const bool holder = layout.pod == rp && l == 0;
+  uint8_t* result = holder && rl != 0 ? Scratch(1, n() * block) : static_cast<uint8_t*>(recv);
+  if (l == 0) {
+    std::vector<size_t> sc(P, 0), sd(P, 0), rc(P, 0), rd(P, 0);
+    sc[rp] = region_bytes;
+    if (holder) {
+      for (int p = 0; p < P; ++p) {
+        rc[p] = layout.pod_sizes[p] * block;
+        rd[p] = layout.pod_first[p] * block;
+      }
+    }
+    CXLRT_ASSIGN_OR_RETURN(Ticket t, rail->AllToAllV(region, sc, sd, result, rc, rd));
+    CXLRT_RETURN_IF_ERROR(EngineWait(*rail, t));
+  }
+  if (layout.pod != rp || rl == 0) return absl::OkStatus();
+  return PodStep([&]() -> absl::Status {
+    if (holder) return pod->Send(result, n() * block, DataType::kUint8, rl);
+    if (l == rl) return pod->Recv(recv, n() * block, DataType::kUint8, 0);
+    return absl::OkStatus();
+  });
+}
+
+// Scatter: the root hands its buffer to local rank 0 of its pod (when it is
+// another rank); rail 0 sends each pod its region (an all-to-all-v with one
+// sender); local rank 0 of every pod scatters its region in the pod.
+absl::Status MultiPodCommunicator::Impl::Scatter(const void* send, void* recv, size_t count,
+                                                 DataType type, int root) {
+  const size_t es = SizeOf(type), block = count * es;
+  const int P = layout.npods, rp = layout.pod_of[root], rl = root - layout.pod_first[rp];
+  const int l = layout.local_rank;
+  const bool holder = layout.pod == rp && l == 0;
+  const uint8_t* full = static_cast<const uint8_t*>(send);
+  if (layout.pod == rp && rl != 0) {
+    uint8_t* staged = Scratch(1, n() * block);
+    CXLRT_RETURN_IF_ERROR(PodStep([&]() -> absl::Status {
+      if (l == rl) return pod->Send(send, n() * block, DataType::kUint8, 0);
+      if (l == 0) return pod->Recv(staged, n() * block, DataType::kUint8, rl);
+      return absl::OkStatus();
+    }));
+    full = staged;
+  }
+  const size_t region_bytes = layout.pod_size * block;
+  uint8_t* region = Scratch(0, region_bytes);
+  if (l == 0) {
+    std::vector<size_t> sc(P, 0), sd(P, 0), rc(P, 0), rd(P, 0);
+    if (holder) {
+      for (int p = 0; p < P; ++p) {
+        sc[p] = layout.pod_sizes[p] * block;
+        sd[p] = layout.pod_first[p] * block;
+      }
+    }
+    rc[rp] = region_bytes;
+    CXLRT_ASSIGN_OR_RETURN(Ticket t, rail->AllToAllV(full, sc, sd, region, rc, rd));
+    CXLRT_RETURN_IF_ERROR(EngineWait(*rail, t));
+  }
+  return PodStep([&] { return pod->Scatter(region, recv, count, type, 0); });
+}
+
+// All-to-all-v: the pieces between ranks of one pod go through the pool
+// (a pool all-to-all-v); the pieces between pods go straight over the world
+// engine (an all-to-all-v in which same-pod pieces are empty), started
+// first so that both tiers run at once.
+absl::Status MultiPodCommunicator::Impl::AllToAllV(const void* send, absl::Span<const size_t> sc,
+                                                   absl::Span<const size_t> sd, void* recv,
+                                                   absl::Span<const size_t> rc,
+                                                   absl::Span<const size_t> rd, DataType type) {
+  const size_t es = SizeOf(type), N = n();
+  if (sc.size() != N || sd.size() != N || rc.size() != N || rd.size() != N) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pods/", name, " rank ", layout.rank, ": AllToAllV needs ", N,
+                     " counts and displacements per side (got ", sc.size(), ", ", sd.size(), ", ",
+                     rc.size(), ", ", rd.size(), ")"));
+  }
+  const int first = layout.pod_first[layout.pod], ps = layout.pod_size;
+  std::vector<size_t> wsc(N, 0), wsd(N, 0), wrc(N, 0), wrd(N, 0);
+  bool remote = false;
+  for (size_t j = 0; j < N; ++j) {
+    if (layout.pod_of[j] == layout.pod) continue;
+    const int w = layout.world_of[j];
+    wsc[w] = sc[j] * es;
+    wsd[w] = sd[j] * es;
+    wrc[w] = rc[j] * es;
+    wrd[w] = rd[j] * es;
+    remote = true;
+  }
+  (void)remote;  // every rank joins the world call (zeros on both sides are fine)
+  CXLRT_ASSIGN_OR_RETURN(Ticket t, world->AllToAllV(send, wsc, wsd, recv, wrc, wrd));
+  CXLRT_RETURN_IF_ERROR(PodStep([&] {
+    return pod->AllToAllV(send, sc.subspan(first, ps), sd.subspan(first, ps), recv,
+                          rc.subspan(first, ps), rd.subspan(first, ps), type);
+  }));
+  return EngineWait(*world, t);
+}
+
+// Barrier: a pool barrier (every rank of the pod arrived), a barrier of
+// rail 0 (every pod arrived), a pool barrier (every pod's arrival known).
+absl::Status MultiPodCommunicator::Impl::Barrier() {
+  CXLRT_RETURN_IF_ERROR(PodStep([&] { return pod->Barrier(); }));
+  if (layout.local_rank == 0) {
+    CXLRT_ASSIGN_OR_RETURN(Ticket t, rail->Barrier());
+    CXLRT_RETURN_IF_ERROR(EngineWait(*rail, t));
+  }
+  return PodStep([&] { return pod->Barrier(); });
+}
+
+absl::Status MultiPodCommunicator::Impl::SendRecv(bool is_send, void* buf, size_t count,
+                                                  DataType type, int peer) {
+  if (peer < 0 || peer >= layout.world_size || peer == layout.rank) {
+    return absl::InvalidArgumentError(absl::StrCat("pods/", name, " rank ", layout.rank, ": ",
+                                                   is_send ? "Send" : "Recv", " peer ", peer,
+                                                   " is not another rank of ", layout.world_size));
+  }
+  if (layout.pod_of[peer] == layout.pod) {
+    const int lp = peer - layout.pod_first[layout.pod];
+    return PodStep([&] {
+      return is_send ? pod->Send(buf, count, type, lp) : pod->Recv(buf, count, type, lp);
+    });
+  }
+  const size_t bytes = count * SizeOf(type);
+  const int w = layout.world_of[peer];
+  CXLRT_ASSIGN_OR_RETURN(Ticket t,
+                         is_send ? world->Send(buf, bytes, w, 0) : world->Recv(buf, bytes, w, 0));
+  return EngineWait(*world, t);
+}
+
+// --- Lifecycle and the public calls. ---
+
+MultiPodCommunicator::MultiPodCommunicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+MultiPodCommunicator::~MultiPodCommunicator() = default;
+
+absl::StatusOr<std::unique_ptr<MultiPodCommunicator>> MultiPodCommunicator::Create(
+    allocator::Allocator& pod_alloc, absl::string_view name, std::unique_ptr<InterPodEngine> world,
+    const CommOptions& options, const PodOptions& pod_options) {
+  if (world == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("pods/", name, ": no world engine"));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->name = std::string(name);
+  impl->timeout = options.timeout.value_or(kDefaultTimeout);
+  impl->chunk_bytes = pod_options.chunk_bytes != 0 ? pod_options.chunk_bytes : kDefaultChunkBytes;
+  const absl::Time deadline = absl::Now() + impl->timeout;
+  CXLRT_ASSIGN_OR_RETURN(impl->layout, DiscoverLayout(pod_alloc.pool().header(), *world, deadline));
+  const PodLayout& l = impl->layout;
+  CommOptions po = options;
+  po.asynchronous = false;
+  auto pod =
+      Communicator::Create(pod_alloc, absl::StrCat("pods/", name), l.pod_size, l.local_rank, po);
+  if (!pod.ok()) {
+    world->Abort(pod.status().message());
+    return pod.status();
+  }
+  impl->pod = *std::move(pod);
+  if (l.npods > 1) {
+    auto rail = world->Split(l.local_rank, l.pod, deadline);
+    if (!rail.ok()) {
+      impl->pod->Abort(rail.status().message());
+      world->Abort(rail.status().message());
+      return rail.status();
+    }
+    impl->rail = *std::move(rail);
+  }
+  impl->world = std::move(world);
+  return std::unique_ptr<MultiPodCommunicator>(new MultiPodCommunicator(std::move(impl)));
+}
+
+int MultiPodCommunicator::rank() const { return impl_->layout.rank; }
+int MultiPodCommunicator::size() const { return impl_->layout.world_size; }
+int MultiPodCommunicator::pod() const { return impl_->layout.pod; }
+int MultiPodCommunicator::npods() const { return impl_->layout.npods; }
+int MultiPodCommunicator::local_rank() const { return impl_->layout.local_rank; }
+int MultiPodCommunicator::pod_size() const { return impl_->layout.pod_size; }
+const PodLayout& MultiPodCommunicator::layout() const { return impl_->layout; }
+TierTimes MultiPodCommunicator::tier_times() const { return impl_->times; }
+void MultiPodCommunicator::ResetTierTimes() { impl_->times = TierTimes{}; }
+
+namespace {
+absl::Status BadRoot(const std::string& name, int rank, const char* what, int root, int n) {
+  return absl::InvalidArgumentError(absl::StrCat("pods/", name, " rank ", rank, ": ", what,
+                                                 " root ", root, " is not a rank of ", n));
+}
+}  // namespace
+
+absl::Status MultiPodCommunicator::AllReduce(const void* send, void* recv, size_t count,
+                                             DataType type, RedOp op) {
+  Impl& m = *impl_;
+  return m.Run("AllReduce", [&] {
+    if (m.layout.npods == 1) return m.pod->AllReduce(send, recv, count, type, op);
+    return m.AllReduce(send, recv, count, type, op);
+  });
+}
+
+// Reduce-scatter: the hierarchical all-reduce of the whole buffer into a
+// staging buffer, then this rank's block (costs one pod all-gather more
+// than a reduce-scatter; docs/collectives.md).
+absl::Status MultiPodCommunicator::ReduceScatter(const void* send, void* recv, size_t recvcount,
+                                                 DataType type, RedOp op) {
+  Impl& m = *impl_;
+  return m.Run("ReduceScatter", [&]() -> absl::Status {
+    if (m.layout.npods == 1) return m.pod->ReduceScatter(send, recv, recvcount, type, op);
+    const size_t es = SizeOf(type);
+    std::vector<uint8_t> all(std::max<size_t>(m.n() * recvcount * es, 1));
+    CXLRT_RETURN_IF_ERROR(m.AllReduce(send, all.data(), m.n() * recvcount, type, op));
+    std::memmove(recv, all.data() + m.layout.rank * recvcount * es, recvcount * es);
+    return absl::OkStatus();
+  });
+}
+
+absl::Status MultiPodCommunicator::AllGather(const void* send, void* recv, size_t sendcount,
+                                             DataType type) {
+  Impl& m = *impl_;
+  return m.Run("AllGather", [&] {
+    if (m.layout.npods == 1) return m.pod->AllGather(send, recv, sendcount, type);
+    return m.AllGather(send, recv, sendcount, type);
+  });
+}
+
+absl::Status MultiPodCommunicator::Broadcast(const void* send, void* recv, size_t count,
+                                             DataType type, int root) {
+  Impl& m = *impl_;
+  return m.Run("Broadcast", [&] {
+    if (m.layout.npods == 1) return m.pod->Broadcast(send, recv, count, type, root);
+    if (root < 0 || root >= size()) return BadRoot(m.name, rank(), "Broadcast", root, size());
+    return m.Broadcast(send, recv, count, type, root);
+  });
+}
+
+absl::Status MultiPodCommunicator::Reduce(const void* send, void* recv, size_t count, DataType type,
+                                          RedOp op, int root) {
+  Impl& m = *impl_;
+  return m.Run("Reduce", [&] {
+    if (m.layout.npods == 1) return m.pod->Reduce(send, recv, count, type, op, root);
+    if (root < 0 || root >= size()) return BadRoot(m.name, rank(), "Reduce", root, size());
+    return m.Reduce(send, recv, count, type, op, root);
+  });
+}
+
+absl::Status MultiPodCommunicator::Gather(const void* send, void* recv, size_t sendcount,
+                                          DataType type, int root) {
+  Impl& m = *impl_;
+  return m.Run("Gather", [&] {
+    if (m.layout.npods == 1) return m.pod->Gather(send, recv, sendcount, type, root);
+    if (root < 0 || root >= size()) return BadRoot(m.name, rank(), "Gather", root, size());
+    return m.Gather(send, recv, sendcount, type, root);
+  });
+}
+
+absl::Status MultiPodCommunicator::Scatter(const void* send, void* recv, size_t recvcount,
+                                           DataType type, int root) {
+  Impl& m = *impl_;
+  return m.Run("Scatter", [&] {
+    if (m.layout.npods == 1) return m.pod->Scatter(send, recv, recvcount, type, root);
+    if (root < 0 || root >= size()) return BadRoot(m.name, rank(), "Scatter", root, size());
+    return m.Scatter(send, recv, recvcount, type, root);
+  });
+}
+
+absl::Status MultiPodCommunicator::AllToAll(const void* send, void* recv, size_t count,
+                                            DataType type) {
+  Impl& m = *impl_;
+  return m.Run("AllToAll", [&]() -> absl::Status {
+    if (m.layout.npods == 1) return m.pod->AllToAll(send, recv, count, type);
+    const size_t N = m.n();
+    std::vector<size_t> counts(N, count), displs(N);
+    for (size_t j = 0; j < N; ++j) displs[j] = j * count;
+    std::vector<uint8_t> copy;
+    if (send == recv) {  // in place: the pieces go out from a copy
+      const auto* b = static_cast<const uint8_t*>(send);
+      copy.assign(b, b + N * count * SizeOf(type));
+      send = copy.data();
+    }
+    return m.AllToAllV(send, counts, displs, recv, counts, displs, type);
+  });
+}
+
+absl::Status MultiPodCommunicator::AllToAllV(const void* send, absl::Span<const size_t> send_counts,
+                                             absl::Span<const size_t> send_displs, void* recv,
+                                             absl::Span<const size_t> recv_counts,
+                                             absl::Span<const size_t> recv_displs, DataType type) {
+  Impl& m = *impl_;
+  return m.Run("AllToAllV", [&] {
+    if (m.layout.npods == 1) {
+      return m.pod->AllToAllV(send, send_counts, send_displs, recv, recv_counts, recv_displs, type);
+    }
+    return m.AllToAllV(send, send_counts, send_displs, recv, recv_counts, recv_displs, type);
+  });
+}
+
+absl::Status MultiPodCommunicator::Barrier() {
+  Impl& m = *impl_;
+  return m.Run("Barrier", [&] {
+    if (m.layout.npods == 1) return m.pod->Barrier();
+    return m.Barrier();
+  });
+}
+
+absl::Status MultiPodCommunicator::Send(const void* buf, size_t count, DataType type, int peer) {
+  Impl& m = *impl_;
+  return m.Run("Send", [&] { return m.SendRecv(true, const_cast<void*>(buf), count, type, peer); });
+}
+
+absl::Status MultiPodCommunicator::Recv(void* buf, size_t count, DataType type, int peer) {
+  Impl& m = *impl_;
+  return m.Run("Recv", [&] { return m.SendRecv(false, buf, count, type, peer); });
+}
+
+absl::Status MultiPodCommunicator::Destroy() {
+  Impl& m = *impl_;
+  absl::Status s = m.pod ? m.pod->Destroy() : absl::OkStatus();
+  m.rail.reset();
+  m.world.reset();
+  return s;
+}
+
+void MultiPodCommunicator::Abort(absl::string_view why) {
+  Impl& m = *impl_;
+  if (m.failed.ok()) m.failed = absl::AbortedError(why);
+  m.pod->Abort(why);
+  if (m.rail) m.rail->Abort(why);
+  m.world->Abort(why);
+}
+
+}  // namespace cxlrt::pods
