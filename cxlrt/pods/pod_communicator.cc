@@ -75,11 +75,21 @@ struct MultiPodCommunicator::Impl {
       const std::string why =
           absl::StrCat("rank ", layout.rank, " (pod ", layout.pod, " local ", layout.local_rank,
                        ") failed in ", what, ": ", s.message());
-      pod->Abort(why);
-      if (rail) rail->Abort(why);
-      world->Abort(why);
+      AbortAll(why);
     }
     return s;
+  }
+
+  // Aborts both tiers, then lets the engines go: an engine operation still
+  // running (on the pool engine's worker, or in MPI) may write the
+  // caller's buffers until its engine is destroyed, and the caller gets
+  // them back when the call returns (inter_pod.h).
+  void AbortAll(absl::string_view why) {
+    pod->Abort(why);
+    if (rail) rail->Abort(why);
+    if (world) world->Abort(why);
+    rail.reset();
+    world.reset();
   }
 
   // A pod step, timed.
@@ -650,9 +660,7 @@ absl::Status MultiPodCommunicator::Destroy() {
 void MultiPodCommunicator::Abort(absl::string_view why) {
   Impl& m = *impl_;
   if (m.failed.ok()) m.failed = absl::AbortedError(why);
-  m.pod->Abort(why);
-  if (m.rail) m.rail->Abort(why);
-  m.world->Abort(why);
+  m.AbortAll(why);
 }
 
 }  // namespace cxlrt::pods

@@ -18,7 +18,9 @@
 // Errors: those of the pool communicator and the engine. Any error aborts
 // both tiers on this rank, so that every rank of every pod sees kAborted
 // (or the engine's error, or kDeadlineExceeded) within its deadline rather
-// than waiting; after an error every call is kFailedPrecondition.
+// than waiting, and destroys the engines before the call returns (so no
+// engine operation still writes the caller's buffers); after an error
+// every call is kFailedPrecondition.
 //
 // Thread-safety: one thread at a time, like collectives::Communicator.
 #pragma once
@@ -106,7 +108,9 @@ class MultiPodCommunicator {
 
   // Leaves both tiers (the pool communicator's Destroy, then the engines').
   absl::Status Destroy();
-  // Aborts both tiers on this rank now.
+  // Aborts both tiers on this rank, then destroys the engines, which waits
+  // for an engine operation still running (at most the timeout), so that
+  // no engine writes a buffer of the application after this returns.
   void Abort(absl::string_view why = "aborted by the application");
 
   TierTimes tier_times() const;
