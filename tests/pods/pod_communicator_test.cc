@@ -660,6 +660,82 @@ TEST_P(PodsTest, ARankKilledInEitherPodFailsEveryOtherRankWithinTheDeadline) {
   }
 }
 
+// The pool engine alone: Split orders a color's members by key, then rank;
+// a Recv that meets another tag or size is an error, never bytes; a Wait
+// for an operation a member never starts ends at its deadline.
+TEST_P(PodsTest, PoolEngineSplitsByKeyAndRefusesAMismatchedRecv) {
+  const std::string ic = MakePool();
+  if (HasFailure()) return;
+  std::memset(errors_, 0, kErrBytes);
+  std::vector<pid_t> pids;
+  for (int w = 0; w < 4; ++w) {
+    pids.push_back(Spawn([&, w]() -> int {
+      auto run = [&]() -> std::string {
+        auto h = collectives::OpenRankHost(ic);
+        if (!h.ok()) return h.status().ToString();
+        auto e = MakePoolEngine(*h->alloc, "e", 4, w, Options());
+        if (!e.ok()) return e.status().ToString();
+        InterPodEngine& eng = **e;
+        const absl::Time deadline = absl::Now() + absl::Seconds(30);
+        // Colors {0, 1, 0, 1}, keys descending: ranks 2, 0 and 3, 1.
+        auto sub = eng.Split(w % 2, 10 - w, deadline);
+        if (!sub.ok()) return "Split: " + sub.status().ToString();
+        const int want_rank = w < 2 ? 1 : 0;
+        if ((*sub)->rank() != want_rank || (*sub)->size() != 2) {
+          return absl::StrCat("split rank ", (*sub)->rank(), " of ", (*sub)->size());
+        }
+        int32_t v = w, sum = 0;
+        auto t = (*sub)->AllReduce(&v, &sum, 1, DataType::kInt32, RedOp::kSum);
+        if (!t.ok()) return t.status().ToString();
+        absl::Status s = (*sub)->Wait(*t, deadline);
+        if (!s.ok() || sum != (w % 2 == 0 ? 2 : 4))
+          return absl::StrCat("sum ", sum, " ", s.ToString());
+        if (eng.AllReduce(&v, &sum, 1, DataType::kInt32, RedOp::kAvg).ok()) return "kAvg accepted";
+        // Rank 0 sends tag 1; rank 1 expects tag 2.
+        if (w == 0) {
+          auto st = eng.Send(&v, sizeof v, 1, 1);
+          if (!st.ok()) return st.status().ToString();
+          (void)eng.Wait(*st, deadline);
+        } else if (w == 1) {
+          auto rt = eng.Recv(&v, sizeof v, 0, 2);
+          if (!rt.ok()) return rt.status().ToString();
+          s = eng.Wait(*rt, deadline);
+          if (s.code() != absl::StatusCode::kInvalidArgument ||
+              std::string(s.message()).find("tag 1") == std::string::npos) {
+            return "mismatched Recv: " + s.ToString();
+          }
+          if (v != 1) return "the mismatched Recv wrote its buffer";
+        } else if (w == 2) {
+          // Rank 3 never joins this barrier: the Wait ends at its deadline.
+          auto bt = (*sub)->Barrier();
+          if (!bt.ok()) return bt.status().ToString();
+          const absl::Time t0 = absl::Now();
+          s = (*sub)->Wait(*bt, t0 + absl::Milliseconds(300));
+          if (s.code() != absl::StatusCode::kDeadlineExceeded) return "Wait: " + s.ToString();
+          if (absl::Now() - t0 > absl::Seconds(2)) return "Wait overran its deadline";
+          if ((*sub)->Barrier().ok()) return "usable after a deadline";
+        }
+        // Leave without the barriers of a clean exit (rank 2's split is
+        // blocked on rank 3 until its timeout).
+        (void)e->release();
+        (void)sub->release();
+        (void)h->alloc.release();
+        (void)h->membership.release();
+        (void)h->pool.release();
+        return "";
+      };
+      const std::string err = run();
+      if (err.empty()) return 0;
+      std::snprintf(errors_ + w * kErrPerRank, kErrPerRank - 1, "rank %d: %s", w, err.c_str());
+      return 1;
+    }));
+  }
+  for (int w = 0; w < 4; ++w) {
+    const int rc = WaitExit(pids[w], absl::Seconds(60));
+    EXPECT_EQ(rc, 0) << "rank " << w << ": " << errors_ + w * kErrPerRank;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Domains, PodsTest,
                          ::testing::Values(CoherenceDomain::kHardware,
                                            CoherenceDomain::kSimulated));
