@@ -374,8 +374,7 @@ int main(int argc, char** argv) {
     auto chunk = runtime::ParseByteSize(pods_chunk, "--chunk");
     for (const auto* v : {&lo, &hi, &chunk}) {
       if (!v->ok()) {
-        std::fprintf(stderr, "cxlrt bench pods: %s\n",
-                     std::string(v->status().message()).c_str());
+        std::fprintf(stderr, "cxlrt bench pods: %s\n", std::string(v->status().message()).c_str());
         return 2;
       }
     }
