@@ -140,6 +140,7 @@ struct MultiPodCommunicator::Impl {
   }
 
   absl::Status AllReduce(const void* send, void* recv, size_t count, DataType type, RedOp op);
+  absl::Status ReduceScatter(const void* send, void* recv, size_t rc, DataType type, RedOp op);
   absl::Status Broadcast(const void* send, void* recv, size_t count, DataType type, int root);
   absl::Status Reduce(const void* send, void* recv, size_t count, DataType type, RedOp op,
                       int root);
@@ -230,6 +231,98 @@ absl::Status MultiPodCommunicator::Impl::AllReduce(const void* send, void* recv,
     return absl::OkStatus();
   };
   return Pipeline(chunks, rail.get(), pre, start, post);
+}
+
+// Reduce-scatter: pod q's region of the result (its ranks' blocks, len_q =
+// size_q * recvcount elements) is cut into m shards of w_q = ceil(len_q / m)
+// elements. Each rank first copies its input into staging, shard-major:
+// staging shard s = [shard s of region 0 | shard s of region 1 | ...] (S
+// elements, padded). (A) Shard s is reduced in the pod onto local rank s (a
+// reduce-scatter where the pod has m ranks, one Reduce per shard where it
+// has more). (E) Rail s reduce-scatters it across the pods, so that pod q
+// keeps shard s of its own region (a rail reduce-scatter when pods are
+// equal, one rail Reduce per pod otherwise). (C) A pool all-to-all-v hands
+// each rank of the pod the pieces of its block from the shard holders.
+absl::Status MultiPodCommunicator::Impl::ReduceScatter(const void* send, void* recv, size_t rc,
+                                                       DataType type, RedOp op) {
+  const size_t es = SizeOf(type);
+  const RedOp rop = op == RedOp::kAvg ? RedOp::kSum : op;
+  const int P = layout.npods, M = m(), l = layout.local_rank, me = layout.pod;
+  const bool even = layout.pod_size == M;
+  std::vector<size_t> len(P), w(P), at(P);
+  size_t S = 0;
+  bool equal = true;
+  for (int q = 0; q < P; ++q) {
+    len[q] = layout.pod_sizes[q] * rc;
+    w[q] = (len[q] + M - 1) / M;
+    at[q] = S;
+    S += w[q];
+    equal = equal && layout.pod_sizes[q] == layout.pod_sizes[0];
+  }
+  if (S == 0) return absl::OkStatus();
+  // The real elements of shard s of region q (the last shards may be short).
+  auto real = [&](int q, int s) {
+    const size_t from = std::min(len[q], s * w[q]);
+    return std::min(w[q], len[q] - from);
+  };
+  uint8_t* staging = Scratch(0, M * S * es);
+  uint8_t* mine = Scratch(1, S * es);
+  uint8_t* red = Scratch(2, S * es);
+  const auto* in = static_cast<const uint8_t*>(send);
+  for (int s = 0; s < M; ++s) {
+    for (int q = 0; q < P; ++q) {
+      uint8_t* dst = staging + (s * S + at[q]) * es;
+      const size_t n_real = real(q, s);
+      std::memcpy(dst, in + (layout.pod_first[q] * rc + s * w[q]) * es, n_real * es);
+      std::memset(dst + n_real * es, 0, (w[q] - n_real) * es);
+    }
+  }
+  CXLRT_RETURN_IF_ERROR(PodStep([&]() -> absl::Status {
+    if (even) return pod->ReduceScatter(staging, mine, S, type, rop);
+    for (int s = 0; s < M; ++s) {
+      CXLRT_RETURN_IF_ERROR(
+          pod->Reduce(staging + s * S * es, l == s ? mine : red, S, type, rop, s));
+    }
+    return absl::OkStatus();
+  }));
+  if (l < M) {
+    Ticket t = 0;
+    if (equal) {
+      CXLRT_ASSIGN_OR_RETURN(t, rail->ReduceScatter(mine, red + at[me] * es, w[me], type, rop));
+    } else {
+      for (int q = 0; q < P; ++q) {
+        CXLRT_ASSIGN_OR_RETURN(
+            t, rail->Reduce(mine + at[q] * es, red + at[q] * es, w[q], type, rop, q));
+      }
+    }
+    CXLRT_RETURN_IF_ERROR(EngineWait(*rail, t));
+    if (op == RedOp::kAvg) {
+      CXLRT_RETURN_IF_ERROR(DivideForAvg(red + at[me] * es, real(me, l), type));
+    }
+  }
+  // Shard s of this pod's region covers region elements [s * w, s * w +
+  // real); local rank j's block covers [j * rc, (j + 1) * rc).
+  const int ps = layout.pod_size;
+  const size_t wm = w[me];
+  std::vector<size_t> sc(ps, 0), sd(ps, 0), rcv(ps, 0), rdv(ps, 0);
+  auto overlap = [&](int s, int j, size_t* from) {
+    const size_t a = std::max(s * wm, j * rc);
+    const size_t b = std::min(s * wm + real(me, s), (j + 1) * rc);
+    *from = a;
+    return b > a ? b - a : 0;
+  };
+  for (int j = 0; j < ps; ++j) {
+    size_t from = 0;
+    if (l < M) {
+      sc[j] = overlap(l, j, &from);
+      sd[j] = sc[j] ? at[me] + from - l * wm : 0;
+    }
+    if (j < M) {
+      rcv[j] = overlap(j, l, &from);
+      rdv[j] = rcv[j] ? from - l * rc : 0;
+    }
+  }
+  return PodStep([&] { return pod->AllToAllV(red, sc, sd, recv, rcv, rdv, type); });
 }
 
 // Broadcast: in the root's pod a pool broadcast from the root; rail 0 then
@@ -535,19 +628,12 @@ absl::Status MultiPodCommunicator::AllReduce(const void* send, void* recv, size_
   });
 }
 
-// Reduce-scatter: the hierarchical all-reduce of the whole buffer into a
-// staging buffer, then this rank's block (costs one pod all-gather more
-// than a reduce-scatter; docs/collectives.md).
 absl::Status MultiPodCommunicator::ReduceScatter(const void* send, void* recv, size_t recvcount,
                                                  DataType type, RedOp op) {
   Impl& m = *impl_;
-  return m.Run("ReduceScatter", [&]() -> absl::Status {
+  return m.Run("ReduceScatter", [&] {
     if (m.layout.npods == 1) return m.pod->ReduceScatter(send, recv, recvcount, type, op);
-    const size_t es = SizeOf(type);
-    std::vector<uint8_t> all(std::max<size_t>(m.n() * recvcount * es, 1));
-    CXLRT_RETURN_IF_ERROR(m.AllReduce(send, all.data(), m.n() * recvcount, type, op));
-    std::memmove(recv, all.data() + m.layout.rank * recvcount * es, recvcount * es);
-    return absl::OkStatus();
+    return m.ReduceScatter(send, recv, recvcount, type, op);
   });
 }
 
