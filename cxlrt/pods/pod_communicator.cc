@@ -390,40 +390,65 @@ absl::Status MultiPodCommunicator::Impl::Reduce(const void* send, void* recv, si
   return Pipeline(chunks, rail.get(), pre, start, post);
 }
 
-// All-gather: a pool all-gather into the pod's region of the result; rail 0
-// exchanges the pods' regions (an all-to-all-v in which each local rank 0
-// sends its region to every other pod); local rank 0 broadcasts the other
-// pods' regions in its pod.
+// All-gather: (1) a pool all-gather into the pod's region of the result
+// (its ranks' blocks). Region q is cut into m shards of w_q = ceil(len_q /
+// m) elements. (2) Rail s exchanges shard s of every region (an
+// all-to-all-v: each pod's shard to every other pod), packed shard-major.
+// (3) The shard holders share what they received in the pod (a pool
+// all-gather of the packs where the pod has m ranks, one Broadcast per
+// shard where it has more), and every rank unpacks into its result.
 absl::Status MultiPodCommunicator::Impl::AllGather(const void* send, void* recv, size_t count,
                                                    DataType type) {
-  const size_t es = SizeOf(type), block = count * es;
+  const size_t es = SizeOf(type);
+  const int P = layout.npods, M = m(), l = layout.local_rank, me = layout.pod;
   auto* out = static_cast<uint8_t*>(recv);
-  const int P = layout.npods, mine = layout.pod;
-  uint8_t* region = out + layout.pod_first[mine] * block;
-  const size_t region_bytes = layout.pod_size * block;
-  CXLRT_RETURN_IF_ERROR(PodStep([&] { return pod->AllGather(send, region, count, type); }));
-  if (layout.local_rank == 0) {
-    uint8_t* staged = Scratch(0, region_bytes);
-    std::memcpy(staged, region, region_bytes);
-    std::vector<size_t> sc(P), sd(P, 0), rc(P), rd(P);
-    for (int p = 0; p < P; ++p) {
-      sc[p] = p == mine ? 0 : region_bytes;
-      rc[p] = p == mine ? 0 : layout.pod_sizes[p] * block;
-      rd[p] = layout.pod_first[p] * block;
+  auto region = [&](int q) { return out + layout.pod_first[q] * count * es; };
+  CXLRT_RETURN_IF_ERROR(PodStep([&] { return pod->AllGather(send, region(me), count, type); }));
+  if (count == 0) return absl::OkStatus();
+  std::vector<size_t> len(P), w(P), at(P);  // at: offset in a pack (other pods only)
+  size_t S = 0;
+  for (int q = 0; q < P; ++q) {
+    len[q] = layout.pod_sizes[q] * count;
+    w[q] = (len[q] + M - 1) / M;
+    at[q] = S;
+    if (q != me) S += w[q];
+  }
+  auto real = [&](int q, int s) {
+    const size_t from = std::min(len[q], s * w[q]);
+    return std::min(w[q], len[q] - from);
+  };
+  uint8_t* own = Scratch(0, w[me] * es);
+  uint8_t* packs = Scratch(1, M * S * es);  // pack s at s * S
+  if (l < M) {
+    std::memcpy(own, region(me) + l * w[me] * es, real(me, l) * es);
+    std::vector<size_t> sc(P, 0), sd(P, 0), rc(P, 0), rd(P, 0);
+    for (int q = 0; q < P; ++q) {
+      if (q == me) continue;
+      sc[q] = real(me, l) * es;
+      rc[q] = real(q, l) * es;
+      rd[q] = (l * S + at[q]) * es;
     }
-    CXLRT_ASSIGN_OR_RETURN(Ticket t, rail->AllToAllV(staged, sc, sd, out, rc, rd));
+    CXLRT_ASSIGN_OR_RETURN(Ticket t, rail->AllToAllV(own, sc, sd, packs, rc, rd));
     CXLRT_RETURN_IF_ERROR(EngineWait(*rail, t));
   }
-  return PodStep([&]() -> absl::Status {
-    const size_t before = layout.pod_first[mine] * block;
-    const size_t after_at = before + region_bytes, total = n() * block;
-    if (before > 0) CXLRT_RETURN_IF_ERROR(pod->Broadcast(out, out, before, DataType::kUint8, 0));
-    if (total > after_at) {
-      CXLRT_RETURN_IF_ERROR(
-          pod->Broadcast(out + after_at, out + after_at, total - after_at, DataType::kUint8, 0));
+  CXLRT_RETURN_IF_ERROR(PodStep([&]() -> absl::Status {
+    if (layout.pod_size == M) {
+      uint8_t* mine = packs + l * S * es;
+      return pod->AllGather(mine, packs, S, type);  // in place
+    }
+    for (int s = 0; s < M; ++s) {
+      uint8_t* pack = packs + s * S * es;
+      CXLRT_RETURN_IF_ERROR(pod->Broadcast(pack, pack, S, type, s));
     }
     return absl::OkStatus();
-  });
+  }));
+  for (int s = 0; s < M; ++s) {
+    for (int q = 0; q < P; ++q) {
+      if (q == me) continue;
+      std::memcpy(region(q) + s * w[q] * es, packs + (s * S + at[q]) * es, real(q, s) * es);
+    }
+  }
+  return absl::OkStatus();
 }
 
 // Gather: a pool gather onto local rank 0 of every pod; rail 0 sends each

@@ -263,6 +263,8 @@ std::vector<Case> PodMatrix(int n, bool full) {
   return cases;
 }
 
+std::string RunAllToAllV(MultiPodCommunicator& comm, uint32_t seed, DataType type);
+
 class PodsTest : public ::testing::TestWithParam<CoherenceDomain> {
  protected:
   void SetUp() override {
@@ -455,6 +457,23 @@ TEST_P(PodsTest, PodsOfScatteredWorldRanksArePodMajor) {
           if (!e.empty()) return e;
         }
         return "";
+      },
+      Options(), po);
+}
+
+TEST_P(PodsTest, ThreePodsWithAPodOfOneRankAreExact) {
+  // Pods {0, 4}, {1, 3}, {2}: one rail (m = 1), scattered ranks.
+  PodOptions po;
+  po.chunk_bytes = 4096;
+  RunPods(
+      {0, 1, 2, 1, 0},
+      [](Rank& r) -> std::string {
+        if (r.comm->npods() != 3) return absl::StrCat(r.comm->npods(), " pods");
+        for (const Case& c : PodMatrix(r.comm->size(), false)) {
+          std::string e = RunPodCase(*r.comm, c);
+          if (!e.empty()) return e;
+        }
+        return RunAllToAllV(*r.comm, 99, DataType::kInt64);
       },
       Options(), po);
 }
