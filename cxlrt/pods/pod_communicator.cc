@@ -35,7 +35,7 @@ struct MultiPodCommunicator::Impl {
   std::unique_ptr<InterPodEngine> rail;   // local index l, one per pod that has it
   absl::Status failed;                    // the first error; then unusable
   TierTimes times;
-  std::vector<uint8_t> scratch[3];  // per-call staging (grown, never shrunk)
+  std::vector<uint8_t> scratch[6];  // per-call staging (grown, never shrunk)
 
   ~Impl() {
     // Leaves in the same order on every rank: the pod, the rail, the world.
@@ -139,6 +139,10 @@ struct MultiPodCommunicator::Impl {
     return absl::OkStatus();
   }
 
+  struct Shards;
+  void CopyRegion(bool to_blocks, uint8_t* packed, uint8_t* blocks, size_t stride, size_t off,
+                  size_t L, int q, size_t from, size_t n, size_t es) const;
+
   absl::Status AllReduce(const void* send, void* recv, size_t count, DataType type, RedOp op);
   absl::Status ReduceScatter(const void* send, void* recv, size_t rc, DataType type, RedOp op);
   absl::Status Broadcast(const void* send, void* recv, size_t count, DataType type, int root);
@@ -233,96 +237,210 @@ absl::Status MultiPodCommunicator::Impl::AllReduce(const void* send, void* recv,
   return Pipeline(chunks, rail.get(), pre, start, post);
 }
 
-// Reduce-scatter: pod q's region of the result (its ranks' blocks, len_q =
-// size_q * recvcount elements) is cut into m shards of w_q = ceil(len_q / m)
-// elements. Each rank first copies its input into staging, shard-major:
-// staging shard s = [shard s of region 0 | shard s of region 1 | ...] (S
-// elements, padded). (A) Shard s is reduced in the pod onto local rank s (a
+// The shard geometry of reduce-scatter and all-gather for one chunk: the
+// chunk holds elements [k * ck, k * ck + L) of every rank's block; pod q's
+// region is its ranks' pieces, one after another (len_q = size_q * L
+// elements), cut into m shards of w_q = ceil(len_q / m) elements; a pack
+// (S elements) is shard s of every region in pod order, `skip`'s left out.
+struct MultiPodCommunicator::Impl::Shards {
+  std::vector<size_t> len, w, at;
+  size_t S = 0;
+  Shards(const PodLayout& layout, int M, size_t L, int skip) {
+    const int P = layout.npods;
+    len.resize(P);
+    w.resize(P);
+    at.resize(P);
+    for (int q = 0; q < P; ++q) {
+      len[q] = layout.pod_sizes[q] * L;
+      w[q] = (len[q] + M - 1) / M;
+      at[q] = S;
+      if (q != skip) S += w[q];
+    }
+  }
+  // The real elements of shard s of region q (the last shards may be short).
+  size_t Real(int q, int s) const {
+    const size_t from = std::min(len[q], s * w[q]);
+    return std::min(w[q], len[q] - from);
+  }
+};
+
+// Copies region elements [from, from + n) of pod q between `packed` and
+// the blocks of a buffer whose rank j's block starts at element j * stride;
+// the chunk is at element `off` of each block, L elements long.
+void MultiPodCommunicator::Impl::CopyRegion(bool to_blocks, uint8_t* packed, uint8_t* blocks,
+                                            size_t stride, size_t off, size_t L, int q, size_t from,
+                                            size_t n, size_t es) const {
+  while (n > 0) {
+    const size_t j = from / L, o = from % L, take = std::min(n, L - o);
+    uint8_t* b = blocks + ((layout.pod_first[q] + j) * stride + off + o) * es;
+    if (to_blocks) {
+      std::memcpy(b, packed, take * es);
+    } else {
+      std::memcpy(packed, b, take * es);
+    }
+    packed += take * es;
+    from += take;
+    n -= take;
+  }
+}
+
+// Reduce-scatter, per chunk of every block (pipelined):
+// (A) each rank packs its input shard-major (pack s = shard s of every
+// region, padded), and pack s is reduced in the pod onto local rank s (a
 // reduce-scatter where the pod has m ranks, one Reduce per shard where it
-// has more). (E) Rail s reduce-scatters it across the pods, so that pod q
+// has more); (E) rail s reduce-scatters it across the pods, so that pod q
 // keeps shard s of its own region (a rail reduce-scatter when pods are
-// equal, one rail Reduce per pod otherwise). (C) A pool all-to-all-v hands
+// equal, one rail Reduce per pod otherwise); (C) a pool all-to-all-v hands
 // each rank of the pod the pieces of its block from the shard holders.
 absl::Status MultiPodCommunicator::Impl::ReduceScatter(const void* send, void* recv, size_t rc,
                                                        DataType type, RedOp op) {
   const size_t es = SizeOf(type);
   const RedOp rop = op == RedOp::kAvg ? RedOp::kSum : op;
   const int P = layout.npods, M = m(), l = layout.local_rank, me = layout.pod;
-  const bool even = layout.pod_size == M;
-  std::vector<size_t> len(P), w(P), at(P);
-  size_t S = 0;
-  bool equal = true;
-  for (int q = 0; q < P; ++q) {
-    len[q] = layout.pod_sizes[q] * rc;
-    w[q] = (len[q] + M - 1) / M;
-    at[q] = S;
-    S += w[q];
-    equal = equal && layout.pod_sizes[q] == layout.pod_sizes[0];
-  }
-  if (S == 0) return absl::OkStatus();
-  // The real elements of shard s of region q (the last shards may be short).
-  auto real = [&](int q, int s) {
-    const size_t from = std::min(len[q], s * w[q]);
-    return std::min(w[q], len[q] - from);
-  };
-  uint8_t* staging = Scratch(0, M * S * es);
-  uint8_t* mine = Scratch(1, S * es);
-  uint8_t* red = Scratch(2, S * es);
-  const auto* in = static_cast<const uint8_t*>(send);
-  for (int s = 0; s < M; ++s) {
-    for (int q = 0; q < P; ++q) {
-      uint8_t* dst = staging + (s * S + at[q]) * es;
-      const size_t n_real = real(q, s);
-      std::memcpy(dst, in + (layout.pod_first[q] * rc + s * w[q]) * es, n_real * es);
-      std::memset(dst + n_real * es, 0, (w[q] - n_real) * es);
-    }
-  }
-  CXLRT_RETURN_IF_ERROR(PodStep([&]() -> absl::Status {
-    if (even) return pod->ReduceScatter(staging, mine, S, type, rop);
+  const bool equal = std::all_of(layout.pod_sizes.begin(), layout.pod_sizes.end(),
+                                 [&](int s) { return s == layout.pod_sizes[0]; });
+  const size_t ck = std::max<size_t>(1, chunk_bytes / es / n());
+  const size_t chunks = (rc + ck - 1) / ck;
+  auto* in = const_cast<uint8_t*>(static_cast<const uint8_t*>(send));
+  auto* out = static_cast<uint8_t*>(recv);
+  auto L_of = [&](size_t k) { return std::min(ck, rc - k * ck); };
+  const Shards full(layout, M, ck, -1);
+  uint8_t* staging = Scratch(0, M * full.S * es);
+  uint8_t* mine[2] = {Scratch(1, full.S * es), Scratch(2, full.S * es)};
+  uint8_t* red[2] = {Scratch(3, full.S * es), Scratch(4, full.S * es)};
+  uint8_t* junk = Scratch(5, full.S * es);
+  auto pre = [&](size_t k) -> absl::Status {
+    const size_t L = L_of(k);
+    const Shards g(layout, M, L, -1);
     for (int s = 0; s < M; ++s) {
-      CXLRT_RETURN_IF_ERROR(
-          pod->Reduce(staging + s * S * es, l == s ? mine : red, S, type, rop, s));
-    }
-    return absl::OkStatus();
-  }));
-  if (l < M) {
-    Ticket t = 0;
-    if (equal) {
-      CXLRT_ASSIGN_OR_RETURN(t, rail->ReduceScatter(mine, red + at[me] * es, w[me], type, rop));
-    } else {
       for (int q = 0; q < P; ++q) {
-        CXLRT_ASSIGN_OR_RETURN(
-            t, rail->Reduce(mine + at[q] * es, red + at[q] * es, w[q], type, rop, q));
+        uint8_t* dst = staging + (s * g.S + g.at[q]) * es;
+        const size_t real = g.Real(q, s);
+        CopyRegion(false, dst, in, rc, k * ck, L, q, s * g.w[q], real, es);
+        std::memset(dst + real * es, 0, (g.w[q] - real) * es);
       }
     }
-    CXLRT_RETURN_IF_ERROR(EngineWait(*rail, t));
-    if (op == RedOp::kAvg) {
-      CXLRT_RETURN_IF_ERROR(DivideForAvg(red + at[me] * es, real(me, l), type));
+    if (layout.pod_size == M) return pod->ReduceScatter(staging, mine[k % 2], g.S, type, rop);
+    for (int s = 0; s < M; ++s) {
+      CXLRT_RETURN_IF_ERROR(
+          pod->Reduce(staging + s * g.S * es, l == s ? mine[k % 2] : junk, g.S, type, rop, s));
     }
-  }
-  // Shard s of this pod's region covers region elements [s * w, s * w +
-  // real); local rank j's block covers [j * rc, (j + 1) * rc).
-  const int ps = layout.pod_size;
-  const size_t wm = w[me];
-  std::vector<size_t> sc(ps, 0), sd(ps, 0), rcv(ps, 0), rdv(ps, 0);
-  auto overlap = [&](int s, int j, size_t* from) {
-    const size_t a = std::max(s * wm, j * rc);
-    const size_t b = std::min(s * wm + real(me, s), (j + 1) * rc);
-    *from = a;
-    return b > a ? b - a : 0;
+    return absl::OkStatus();
   };
-  for (int j = 0; j < ps; ++j) {
-    size_t from = 0;
-    if (l < M) {
-      sc[j] = overlap(l, j, &from);
-      sd[j] = sc[j] ? at[me] + from - l * wm : 0;
+  auto start = [&](size_t k) -> absl::StatusOr<std::optional<Ticket>> {
+    if (l >= M) return std::nullopt;
+    const Shards g(layout, M, L_of(k), -1);
+    uint8_t *a = mine[k % 2], *b = red[k % 2];
+    if (equal) {
+      CXLRT_ASSIGN_OR_RETURN(Ticket t,
+                             rail->ReduceScatter(a, b + g.at[me] * es, g.w[me], type, rop));
+      return t;
     }
-    if (j < M) {
-      rcv[j] = overlap(j, l, &from);
-      rdv[j] = rcv[j] ? from - l * rc : 0;
+    Ticket t = 0;
+    for (int q = 0; q < P; ++q) {
+      CXLRT_ASSIGN_OR_RETURN(
+          t, rail->Reduce(a + g.at[q] * es, b + g.at[q] * es, g.w[q], type, rop, q));
     }
-  }
-  return PodStep([&] { return pod->AllToAllV(red, sc, sd, recv, rcv, rdv, type); });
+    return t;
+  };
+  auto post = [&](size_t k) -> absl::Status {
+    const size_t L = L_of(k);
+    const Shards g(layout, M, L, -1);
+    uint8_t* b = red[k % 2];
+    if (l < M && op == RedOp::kAvg) {
+      CXLRT_RETURN_IF_ERROR(DivideForAvg(b + g.at[me] * es, g.Real(me, l), type));
+    }
+    // Shard s of this pod's region covers [s * w, s * w + real); local
+    // rank j's piece covers [j * L, (j + 1) * L).
+    const int ps = layout.pod_size;
+    const size_t wm = g.w[me];
+    std::vector<size_t> sc(ps, 0), sd(ps, 0), rcv(ps, 0), rdv(ps, 0);
+    auto overlap = [&](int s, int j, size_t* from) {
+      const size_t a = std::max(s * wm, j * L);
+      const size_t e = std::min(s * wm + g.Real(me, s), (j + 1) * L);
+      *from = a;
+      return e > a ? e - a : 0;
+    };
+    for (int j = 0; j < ps; ++j) {
+      size_t from = 0;
+      if (l < M) {
+        sc[j] = overlap(l, j, &from);
+        sd[j] = sc[j] ? g.at[me] + from - l * wm : 0;
+      }
+      if (j < M) {
+        rcv[j] = overlap(j, l, &from);
+        rdv[j] = rcv[j] ? from - l * L : 0;
+      }
+    }
+    return pod->AllToAllV(b, sc, sd, out + k * ck * es, rcv, rdv, type);
+  };
+  return Pipeline(chunks, rail.get(), pre, start, post);
+}
+
+// All-gather, per chunk of every block (pipelined), the mirror image:
+// (1) a pool all-gather of this chunk of the pod's blocks (its region);
+// (2) rail s exchanges shard s of every region (an all-to-all-v: each
+// pod's shard to every other pod), packed shard-major; (3) the shard
+// holders share their packs in the pod (a pool all-gather where the pod
+// has m ranks, one Broadcast per shard where it has more), and every rank
+// unpacks them into its result.
+absl::Status MultiPodCommunicator::Impl::AllGather(const void* send, void* recv, size_t count,
+                                                   DataType type) {
+  const size_t es = SizeOf(type);
+  const int P = layout.npods, M = m(), l = layout.local_rank, me = layout.pod;
+  const size_t ck = std::max<size_t>(1, chunk_bytes / es / n());
+  const size_t chunks = (count + ck - 1) / ck;
+  const auto* in = static_cast<const uint8_t*>(send);
+  auto* out = static_cast<uint8_t*>(recv);
+  auto L_of = [&](size_t k) { return std::min(ck, count - k * ck); };
+  const Shards full(layout, M, ck, me);
+  uint8_t* region[2] = {Scratch(0, layout.pod_size * ck * es),
+                        Scratch(1, layout.pod_size * ck * es)};
+  uint8_t* packs[2] = {Scratch(2, M * full.S * es), Scratch(3, M * full.S * es)};
+  auto pre = [&](size_t k) -> absl::Status {
+    const size_t L = L_of(k);
+    CXLRT_RETURN_IF_ERROR(pod->AllGather(in + k * ck * es, region[k % 2], L, type));
+    CopyRegion(true, region[k % 2], out, count, k * ck, L, me, 0, layout.pod_size * L, es);
+    return absl::OkStatus();
+  };
+  auto start = [&](size_t k) -> absl::StatusOr<std::optional<Ticket>> {
+    if (l >= M) return std::nullopt;
+    const Shards g(layout, M, L_of(k), me);
+    std::vector<size_t> sc(P, 0), sd(P, 0), rcv(P, 0), rdv(P, 0);
+    for (int q = 0; q < P; ++q) {
+      if (q == me) continue;
+      sc[q] = g.Real(me, l) * es;
+      sd[q] = l * g.w[me] * es;
+      rcv[q] = g.Real(q, l) * es;
+      rdv[q] = (l * g.S + g.at[q]) * es;
+    }
+    CXLRT_ASSIGN_OR_RETURN(Ticket t,
+                           rail->AllToAllV(region[k % 2], sc, sd, packs[k % 2], rcv, rdv));
+    return t;
+  };
+  auto post = [&](size_t k) -> absl::Status {
+    const size_t L = L_of(k);
+    const Shards g(layout, M, L, me);
+    uint8_t* p = packs[k % 2];
+    if (g.S == 0) return absl::OkStatus();
+    if (layout.pod_size == M) {
+      CXLRT_RETURN_IF_ERROR(pod->AllGather(p + l * g.S * es, p, g.S, type));  // in place
+    } else {
+      for (int s = 0; s < M; ++s) {
+        uint8_t* pack = p + s * g.S * es;
+        CXLRT_RETURN_IF_ERROR(pod->Broadcast(pack, pack, g.S, type, s));
+      }
+    }
+    for (int s = 0; s < M; ++s) {
+      for (int q = 0; q < P; ++q) {
+        if (q == me) continue;
+        CopyRegion(true, p + (s * g.S + g.at[q]) * es, out, count, k * ck, L, q, s * g.w[q],
+                   g.Real(q, s), es);
+      }
+    }
+    return absl::OkStatus();
+  };
+  return Pipeline(chunks, rail.get(), pre, start, post);
 }
 
 // Broadcast: in the root's pod a pool broadcast from the root; rail 0 then
@@ -388,67 +506,6 @@ absl::Status MultiPodCommunicator::Impl::Reduce(const void* send, void* recv, si
     return absl::OkStatus();
   };
   return Pipeline(chunks, rail.get(), pre, start, post);
-}
-
-// All-gather: (1) a pool all-gather into the pod's region of the result
-// (its ranks' blocks). Region q is cut into m shards of w_q = ceil(len_q /
-// m) elements. (2) Rail s exchanges shard s of every region (an
-// all-to-all-v: each pod's shard to every other pod), packed shard-major.
-// (3) The shard holders share what they received in the pod (a pool
-// all-gather of the packs where the pod has m ranks, one Broadcast per
-// shard where it has more), and every rank unpacks into its result.
-absl::Status MultiPodCommunicator::Impl::AllGather(const void* send, void* recv, size_t count,
-                                                   DataType type) {
-  const size_t es = SizeOf(type);
-  const int P = layout.npods, M = m(), l = layout.local_rank, me = layout.pod;
-  auto* out = static_cast<uint8_t*>(recv);
-  auto region = [&](int q) { return out + layout.pod_first[q] * count * es; };
-  CXLRT_RETURN_IF_ERROR(PodStep([&] { return pod->AllGather(send, region(me), count, type); }));
-  if (count == 0) return absl::OkStatus();
-  std::vector<size_t> len(P), w(P), at(P);  // at: offset in a pack (other pods only)
-  size_t S = 0;
-  for (int q = 0; q < P; ++q) {
-    len[q] = layout.pod_sizes[q] * count;
-    w[q] = (len[q] + M - 1) / M;
-    at[q] = S;
-    if (q != me) S += w[q];
-  }
-  auto real = [&](int q, int s) {
-    const size_t from = std::min(len[q], s * w[q]);
-    return std::min(w[q], len[q] - from);
-  };
-  uint8_t* own = Scratch(0, w[me] * es);
-  uint8_t* packs = Scratch(1, M * S * es);  // pack s at s * S
-  if (l < M) {
-    std::memcpy(own, region(me) + l * w[me] * es, real(me, l) * es);
-    std::vector<size_t> sc(P, 0), sd(P, 0), rc(P, 0), rd(P, 0);
-    for (int q = 0; q < P; ++q) {
-      if (q == me) continue;
-      sc[q] = real(me, l) * es;
-      rc[q] = real(q, l) * es;
-      rd[q] = (l * S + at[q]) * es;
-    }
-    CXLRT_ASSIGN_OR_RETURN(Ticket t, rail->AllToAllV(own, sc, sd, packs, rc, rd));
-    CXLRT_RETURN_IF_ERROR(EngineWait(*rail, t));
-  }
-  CXLRT_RETURN_IF_ERROR(PodStep([&]() -> absl::Status {
-    if (layout.pod_size == M) {
-      uint8_t* mine = packs + l * S * es;
-      return pod->AllGather(mine, packs, S, type);  // in place
-    }
-    for (int s = 0; s < M; ++s) {
-      uint8_t* pack = packs + s * S * es;
-      CXLRT_RETURN_IF_ERROR(pod->Broadcast(pack, pack, S, type, s));
-    }
-    return absl::OkStatus();
-  }));
-  for (int s = 0; s < M; ++s) {
-    for (int q = 0; q < P; ++q) {
-      if (q == me) continue;
-      std::memcpy(region(q) + s * w[q] * es, packs + (s * S + at[q]) * es, real(q, s) * es);
-    }
-  }
-  return absl::OkStatus();
 }
 
 // Gather: a pool gather onto local rank 0 of every pod; rail 0 sends each
