@@ -1,0 +1,503 @@
+// The hierarchical algorithms (docs/collectives.md, "Beyond one pool",
+// writes each down with its cost): every collective composed of pool
+// collectives in the pod and engine operations over the rails or the world.
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cxlrt/pods/pod_communicator_impl.h"
+#include "cxlrt/runtime/status_macros.h"
+
+namespace cxlrt::pods {
+
+using Ticket = InterPodEngine::Ticket;
+
+// All-reduce: shards over the smallest pod size m. Per chunk: (A) shard s
+// reduced in the pod onto local rank s (a reduce-scatter where the pod has
+// m ranks, one Reduce per shard where it has more); (E) the rail of local
+// index s all-reduces shard s across the pods; (C) the shards gathered back
+// in the pod (an all-gather, or one Broadcast per shard). The last shard
+// also carries the chunk's remainder (len - m * q elements).
+absl::Status MultiPodCommunicator::Impl::AllReduce(const void* send, void* recv, size_t count,
+                                                   DataType type, RedOp op) {
+  const size_t es = SizeOf(type);
+  const RedOp rop = op == RedOp::kAvg ? RedOp::kSum : op;
+  const int l = layout.local_rank, M = m();
+  const bool even = layout.pod_size == M;
+  const size_t ce = ChunkElems(type);
+  const size_t chunks = (count + ce - 1) / ce;
+  const size_t tmp_bytes = (ce / M + M) * es;
+  uint8_t* tmp[2] = {Scratch(0, tmp_bytes), Scratch(1, tmp_bytes)};
+  uint8_t* junk = Scratch(2, tmp_bytes);  // a non-root's unused Reduce output
+  const auto* in = static_cast<const uint8_t*>(send);
+  auto* out = static_cast<uint8_t*>(recv);
+  auto len_of = [&](size_t k) { return std::min(ce, count - k * ce); };
+  auto shard_len = [&](size_t len, int s) {
+    const size_t q = len / M;
+    return s == M - 1 ? len - q * (M - 1) : q;
+  };
+  auto pre = [&](size_t k) -> absl::Status {
+    const size_t off = k * ce, len = len_of(k), q = len / M, rem = len - q * M;
+    uint8_t* t = tmp[k % 2];
+    if (even) {
+      if (q > 0) CXLRT_RETURN_IF_ERROR(pod->ReduceScatter(in + off * es, t, q, type, rop));
+      if (rem > 0) {
+        CXLRT_RETURN_IF_ERROR(pod->Reduce(in + (off + q * M) * es, l == M - 1 ? t + q * es : junk,
+                                          rem, type, rop, M - 1));
+      }
+      return absl::OkStatus();
+    }
+    for (int s = 0; s < M; ++s) {
+      const size_t sl = shard_len(len, s);
+      if (sl == 0) continue;
+      CXLRT_RETURN_IF_ERROR(
+          pod->Reduce(in + (off + s * q) * es, l == s ? t : junk, sl, type, rop, s));
+    }
+    return absl::OkStatus();
+  };
+  auto start = [&](size_t k) -> absl::StatusOr<std::optional<Ticket>> {
+    if (l >= M) return std::nullopt;
+    const size_t sl = shard_len(len_of(k), l);
+    if (sl == 0) return std::nullopt;
+    uint8_t* t = tmp[k % 2];
+    CXLRT_ASSIGN_OR_RETURN(Ticket tk, rail->AllReduce(t, t, sl, type, rop));
+    return tk;
+  };
+  auto post = [&](size_t k) -> absl::Status {
+    const size_t off = k * ce, len = len_of(k), q = len / M, rem = len - q * M;
+    uint8_t* t = tmp[k % 2];
+    if (l < M && op == RedOp::kAvg) CXLRT_RETURN_IF_ERROR(DivideForAvg(t, shard_len(len, l), type));
+    if (even) {
+      if (q > 0) {
+        std::memcpy(out + (off + l * q) * es, t, q * es);
+        CXLRT_RETURN_IF_ERROR(pod->AllGather(out + (off + l * q) * es, out + off * es, q, type));
+      }
+      if (rem > 0) {
+        uint8_t* tail = out + (off + q * M) * es;
+        if (l == M - 1) std::memcpy(tail, t + q * es, rem * es);
+        CXLRT_RETURN_IF_ERROR(pod->Broadcast(tail, tail, rem, type, M - 1));
+      }
+      return absl::OkStatus();
+    }
+    for (int s = 0; s < M; ++s) {
+      const size_t sl = shard_len(len, s);
+      if (sl == 0) continue;
+      uint8_t* dst = out + (off + s * q) * es;
+      if (l == s) std::memcpy(dst, t, sl * es);
+      CXLRT_RETURN_IF_ERROR(pod->Broadcast(dst, dst, sl, type, s));
+    }
+    return absl::OkStatus();
+  };
+  return Pipeline(chunks, rail.get(), pre, start, post);
+}
+
+// The shard geometry of reduce-scatter and all-gather for one chunk: the
+// chunk holds elements [k * ck, k * ck + L) of every rank's block; pod q's
+// region is its ranks' pieces, one after another (len_q = size_q * L
+// elements), cut into m shards of w_q = ceil(len_q / m) elements; a pack
+// (S elements) is shard s of every region in pod order, `skip`'s left out.
+struct MultiPodCommunicator::Impl::Shards {
+  std::vector<size_t> len, w, at;
+  size_t S = 0;
+  Shards(const PodLayout& layout, int M, size_t L, int skip) {
+    const int P = layout.npods;
+    len.resize(P);
+    w.resize(P);
+    at.resize(P);
+    for (int q = 0; q < P; ++q) {
+      len[q] = layout.pod_sizes[q] * L;
+      w[q] = (len[q] + M - 1) / M;
+      at[q] = S;
+      if (q != skip) S += w[q];
+    }
+  }
+  // The real elements of shard s of region q (the last shards may be short).
+  size_t Real(int q, int s) const {
+    const size_t from = std::min(len[q], s * w[q]);
+    return std::min(w[q], len[q] - from);
+  }
+};
+
+// Copies region elements [from, from + n) of pod q between `packed` and
+// the blocks of a buffer whose rank j's block starts at element j * stride;
+// the chunk is at element `off` of each block, L elements long.
+void MultiPodCommunicator::Impl::CopyRegion(bool to_blocks, uint8_t* packed, uint8_t* blocks,
+                                            size_t stride, size_t off, size_t L, int q, size_t from,
+                                            size_t n, size_t es) const {
+  while (n > 0) {
+    const size_t j = from / L, o = from % L, take = std::min(n, L - o);
+    uint8_t* b = blocks + ((layout.pod_first[q] + j) * stride + off + o) * es;
+    if (to_blocks) {
+      std::memcpy(b, packed, take * es);
+    } else {
+      std::memcpy(packed, b, take * es);
+    }
+    packed += take * es;
+    from += take;
+    n -= take;
+  }
+}
+
+// Reduce-scatter, per chunk of every block (pipelined):
+// (A) each rank packs its input shard-major (pack s = shard s of every
+// region, padded), and pack s is reduced in the pod onto local rank s (a
+// reduce-scatter where the pod has m ranks, one Reduce per shard where it
+// has more); (E) rail s reduce-scatters it across the pods, so that pod q
+// keeps shard s of its own region (a rail reduce-scatter when pods are
+// equal, one rail Reduce per pod otherwise); (C) a pool all-to-all-v hands
+// each rank of the pod the pieces of its block from the shard holders.
+absl::Status MultiPodCommunicator::Impl::ReduceScatter(const void* send, void* recv, size_t rc,
+                                                       DataType type, RedOp op) {
+  const size_t es = SizeOf(type);
+  const RedOp rop = op == RedOp::kAvg ? RedOp::kSum : op;
+  const int P = layout.npods, M = m(), l = layout.local_rank, me = layout.pod;
+  const bool equal = std::all_of(layout.pod_sizes.begin(), layout.pod_sizes.end(),
+                                 [&](int s) { return s == layout.pod_sizes[0]; });
+  const size_t ck = std::max<size_t>(1, chunk_bytes / es / n());
+  const size_t chunks = (rc + ck - 1) / ck;
+  auto* in = const_cast<uint8_t*>(static_cast<const uint8_t*>(send));
+  auto* out = static_cast<uint8_t*>(recv);
+  auto L_of = [&](size_t k) { return std::min(ck, rc - k * ck); };
+  const Shards full(layout, M, ck, -1);
+  uint8_t* staging = Scratch(0, M * full.S * es);
+  uint8_t* mine[2] = {Scratch(1, full.S * es), Scratch(2, full.S * es)};
+  uint8_t* red[2] = {Scratch(3, full.S * es), Scratch(4, full.S * es)};
+  uint8_t* junk = Scratch(5, full.S * es);
+  auto pre = [&](size_t k) -> absl::Status {
+    const size_t L = L_of(k);
+    const Shards g(layout, M, L, -1);
+    for (int s = 0; s < M; ++s) {
+      for (int q = 0; q < P; ++q) {
+        uint8_t* dst = staging + (s * g.S + g.at[q]) * es;
+        const size_t real = g.Real(q, s);
+        CopyRegion(false, dst, in, rc, k * ck, L, q, s * g.w[q], real, es);
+        std::memset(dst + real * es, 0, (g.w[q] - real) * es);
+      }
+    }
+    if (layout.pod_size == M) return pod->ReduceScatter(staging, mine[k % 2], g.S, type, rop);
+    for (int s = 0; s < M; ++s) {
+      CXLRT_RETURN_IF_ERROR(
+          pod->Reduce(staging + s * g.S * es, l == s ? mine[k % 2] : junk, g.S, type, rop, s));
+    }
+    return absl::OkStatus();
+  };
+  auto start = [&](size_t k) -> absl::StatusOr<std::optional<Ticket>> {
+    if (l >= M) return std::nullopt;
+    const Shards g(layout, M, L_of(k), -1);
+    uint8_t *a = mine[k % 2], *b = red[k % 2];
+    if (equal) {
+      CXLRT_ASSIGN_OR_RETURN(Ticket t,
+                             rail->ReduceScatter(a, b + g.at[me] * es, g.w[me], type, rop));
+      return t;
+    }
+    Ticket t = 0;
+    for (int q = 0; q < P; ++q) {
+      CXLRT_ASSIGN_OR_RETURN(
+          t, rail->Reduce(a + g.at[q] * es, b + g.at[q] * es, g.w[q], type, rop, q));
+    }
+    return t;
+  };
+  auto post = [&](size_t k) -> absl::Status {
+    const size_t L = L_of(k);
+    const Shards g(layout, M, L, -1);
+    uint8_t* b = red[k % 2];
+    if (l < M && op == RedOp::kAvg) {
+      CXLRT_RETURN_IF_ERROR(DivideForAvg(b + g.at[me] * es, g.Real(me, l), type));
+    }
+    // Shard s of this pod's region covers [s * w, s * w + real); local
+    // rank j's piece covers [j * L, (j + 1) * L).
+    const int ps = layout.pod_size;
+    const size_t wm = g.w[me];
+    std::vector<size_t> sc(ps, 0), sd(ps, 0), rcv(ps, 0), rdv(ps, 0);
+    auto overlap = [&](int s, int j, size_t* from) {
+      const size_t a = std::max(s * wm, j * L);
+      const size_t e = std::min(s * wm + g.Real(me, s), (j + 1) * L);
+      *from = a;
+      return e > a ? e - a : 0;
+    };
+    for (int j = 0; j < ps; ++j) {
+      size_t from = 0;
+      if (l < M) {
+        sc[j] = overlap(l, j, &from);
+        sd[j] = sc[j] ? g.at[me] + from - l * wm : 0;
+      }
+      if (j < M) {
+        rcv[j] = overlap(j, l, &from);
+        rdv[j] = rcv[j] ? from - l * L : 0;
+      }
+    }
+    return pod->AllToAllV(b, sc, sd, out + k * ck * es, rcv, rdv, type);
+  };
+  return Pipeline(chunks, rail.get(), pre, start, post);
+}
+
+// All-gather, per chunk of every block (pipelined), the mirror image:
+// (1) a pool all-gather of this chunk of the pod's blocks (its region);
+// (2) rail s exchanges shard s of every region (an all-to-all-v: each
+// pod's shard to every other pod), packed shard-major; (3) the shard
+// holders share their packs in the pod (a pool all-gather where the pod
+// has m ranks, one Broadcast per shard where it has more), and every rank
+// unpacks them into its result.
+absl::Status MultiPodCommunicator::Impl::AllGather(const void* send, void* recv, size_t count,
+                                                   DataType type) {
+  const size_t es = SizeOf(type);
+  const int P = layout.npods, M = m(), l = layout.local_rank, me = layout.pod;
+  const size_t ck = std::max<size_t>(1, chunk_bytes / es / n());
+  const size_t chunks = (count + ck - 1) / ck;
+  const auto* in = static_cast<const uint8_t*>(send);
+  auto* out = static_cast<uint8_t*>(recv);
+  auto L_of = [&](size_t k) { return std::min(ck, count - k * ck); };
+  const Shards full(layout, M, ck, me);
+  uint8_t* region[2] = {Scratch(0, layout.pod_size * ck * es),
+                        Scratch(1, layout.pod_size * ck * es)};
+  uint8_t* packs[2] = {Scratch(2, M * full.S * es), Scratch(3, M * full.S * es)};
+  auto pre = [&](size_t k) -> absl::Status {
+    const size_t L = L_of(k);
+    CXLRT_RETURN_IF_ERROR(pod->AllGather(in + k * ck * es, region[k % 2], L, type));
+    CopyRegion(true, region[k % 2], out, count, k * ck, L, me, 0, layout.pod_size * L, es);
+    return absl::OkStatus();
+  };
+  auto start = [&](size_t k) -> absl::StatusOr<std::optional<Ticket>> {
+    if (l >= M) return std::nullopt;
+    const Shards g(layout, M, L_of(k), me);
+    std::vector<size_t> sc(P, 0), sd(P, 0), rcv(P, 0), rdv(P, 0);
+    for (int q = 0; q < P; ++q) {
+      if (q == me) continue;
+      sc[q] = g.Real(me, l) * es;
+      sd[q] = l * g.w[me] * es;
+      rcv[q] = g.Real(q, l) * es;
+      rdv[q] = (l * g.S + g.at[q]) * es;
+    }
+    CXLRT_ASSIGN_OR_RETURN(Ticket t,
+                           rail->AllToAllV(region[k % 2], sc, sd, packs[k % 2], rcv, rdv));
+    return t;
+  };
+  auto post = [&](size_t k) -> absl::Status {
+    const size_t L = L_of(k);
+    const Shards g(layout, M, L, me);
+    uint8_t* p = packs[k % 2];
+    if (g.S == 0) return absl::OkStatus();
+    if (layout.pod_size == M) {
+      CXLRT_RETURN_IF_ERROR(pod->AllGather(p + l * g.S * es, p, g.S, type));  // in place
+    } else {
+      for (int s = 0; s < M; ++s) {
+        uint8_t* pack = p + s * g.S * es;
+        CXLRT_RETURN_IF_ERROR(pod->Broadcast(pack, pack, g.S, type, s));
+      }
+    }
+    for (int s = 0; s < M; ++s) {
+      for (int q = 0; q < P; ++q) {
+        if (q == me) continue;
+        CopyRegion(true, p + (s * g.S + g.at[q]) * es, out, count, k * ck, L, q, s * g.w[q],
+                   g.Real(q, s), es);
+      }
+    }
+    return absl::OkStatus();
+  };
+  return Pipeline(chunks, rail.get(), pre, start, post);
+}
+
+// Broadcast: in the root's pod a pool broadcast from the root; rail 0 then
+// carries it to local rank 0 of every other pod, which broadcasts it in its
+// pod. Pipelined by chunks.
+absl::Status MultiPodCommunicator::Impl::Broadcast(const void* send, void* recv, size_t count,
+                                                   DataType type, int root) {
+  const size_t es = SizeOf(type), ce = ChunkElems(type), chunks = (count + ce - 1) / ce;
+  const int rp = layout.pod_of[root], rl = root - layout.pod_first[rp];
+  const auto* in = static_cast<const uint8_t*>(send);
+  auto* out = static_cast<uint8_t*>(recv);
+  auto len_of = [&](size_t k) { return std::min(ce, count - k * ce); };
+  auto pre = [&](size_t k) -> absl::Status {
+    if (layout.pod != rp) return absl::OkStatus();
+    return pod->Broadcast(in + k * ce * es, out + k * ce * es, len_of(k), type, rl);
+  };
+  auto start = [&](size_t k) -> absl::StatusOr<std::optional<Ticket>> {
+    if (layout.local_rank != 0) return std::nullopt;
+    CXLRT_ASSIGN_OR_RETURN(Ticket t, rail->Broadcast(out + k * ce * es, len_of(k), type, rp));
+    return t;
+  };
+  auto post = [&](size_t k) -> absl::Status {
+    if (layout.pod == rp) return absl::OkStatus();
+    uint8_t* b = out + k * ce * es;
+    return pod->Broadcast(b, b, len_of(k), type, 0);
+  };
+  return Pipeline(chunks, rail.get(), pre, start, post);
+}
+
+// Reduce: a pool reduce onto local rank 0 of every pod; rail 0 reduces those
+// onto the root's pod; its local rank 0 hands the result to the root
+// (a pool Send) when the root is another rank. Pipelined by chunks.
+absl::Status MultiPodCommunicator::Impl::Reduce(const void* send, void* recv, size_t count,
+                                                DataType type, RedOp op, int root) {
+  const size_t es = SizeOf(type), ce = ChunkElems(type), chunks = (count + ce - 1) / ce;
+  const RedOp rop = op == RedOp::kAvg ? RedOp::kSum : op;
+  const int rp = layout.pod_of[root], rl = root - layout.pod_first[rp];
+  const int l = layout.local_rank;
+  const bool holder = layout.pod == rp && l == 0;  // gets the result from the rail
+  uint8_t* tmp[2] = {Scratch(0, ce * es), Scratch(1, ce * es)};
+  const auto* in = static_cast<const uint8_t*>(send);
+  auto* out = static_cast<uint8_t*>(recv);
+  auto len_of = [&](size_t k) { return std::min(ce, count - k * ce); };
+  // Where the holder's result of chunk k lands: the root's buffer when the
+  // holder is the root.
+  auto result = [&](size_t k) { return rl == 0 ? out + k * ce * es : tmp[k % 2]; };
+  auto pre = [&](size_t k) -> absl::Status {
+    return pod->Reduce(in + k * ce * es, tmp[k % 2], len_of(k), type, rop, 0);
+  };
+  auto start = [&](size_t k) -> absl::StatusOr<std::optional<Ticket>> {
+    if (l != 0) return std::nullopt;
+    CXLRT_ASSIGN_OR_RETURN(Ticket t, rail->Reduce(tmp[k % 2], holder ? result(k) : tmp[k % 2],
+                                                  len_of(k), type, rop, rp));
+    return t;
+  };
+  auto post = [&](size_t k) -> absl::Status {
+    if (layout.pod != rp) return absl::OkStatus();
+    if (holder && op == RedOp::kAvg)
+      CXLRT_RETURN_IF_ERROR(DivideForAvg(result(k), len_of(k), type));
+    if (rl == 0) return absl::OkStatus();
+    if (holder) return pod->Send(result(k), len_of(k), type, rl);
+    if (l == rl) return pod->Recv(out + k * ce * es, len_of(k), type, 0);
+    return absl::OkStatus();
+  };
+  return Pipeline(chunks, rail.get(), pre, start, post);
+}
+
+// Gather: a pool gather onto local rank 0 of every pod; rail 0 sends each
+// pod's region to the root's pod (an all-to-all-v with one receiver); its
+// local rank 0 hands the whole result to the root when that is another rank.
+absl::Status MultiPodCommunicator::Impl::Gather(const void* send, void* recv, size_t count,
+                                                DataType type, int root) {
+  const size_t es = SizeOf(type), block = count * es;
+  const int P = layout.npods, rp = layout.pod_of[root], rl = root - layout.pod_first[rp];
+  const int l = layout.local_rank;
+  const size_t region_bytes = layout.pod_size * block;
+  uint8_t* region = Scratch(0, region_bytes);
+  CXLRT_RETURN_IF_ERROR(PodStep([&] { return pod->Gather(send, region, count, type, 0); }));
+  const bool holder = layout.pod == rp && l == 0;
+  uint8_t* result = holder && rl != 0 ? Scratch(1, n() * block) : static_cast<uint8_t*>(recv);
+  if (l == 0) {
+    std::vector<size_t> sc(P, 0), sd(P, 0), rc(P, 0), rd(P, 0);
+    sc[rp] = region_bytes;
+    if (holder) {
+      for (int p = 0; p < P; ++p) {
+        rc[p] = layout.pod_sizes[p] * block;
+        rd[p] = layout.pod_first[p] * block;
+      }
+    }
+    CXLRT_ASSIGN_OR_RETURN(Ticket t, rail->AllToAllV(region, sc, sd, result, rc, rd));
+    CXLRT_RETURN_IF_ERROR(EngineWait(*rail, t));
+  }
+  if (layout.pod != rp || rl == 0) return absl::OkStatus();
+  return PodStep([&]() -> absl::Status {
+    if (holder) return pod->Send(result, n() * block, DataType::kUint8, rl);
+    if (l == rl) return pod->Recv(recv, n() * block, DataType::kUint8, 0);
+    return absl::OkStatus();
+  });
+}
+
+// Scatter: the root hands its buffer to local rank 0 of its pod (when it is
+// another rank); rail 0 sends each pod its region (an all-to-all-v with one
+// sender); local rank 0 of every pod scatters its region in the pod.
+absl::Status MultiPodCommunicator::Impl::Scatter(const void* send, void* recv, size_t count,
+                                                 DataType type, int root) {
+  const size_t es = SizeOf(type), block = count * es;
+  const int P = layout.npods, rp = layout.pod_of[root], rl = root - layout.pod_first[rp];
+  const int l = layout.local_rank;
+  const bool holder = layout.pod == rp && l == 0;
+  const uint8_t* full = static_cast<const uint8_t*>(send);
+  if (layout.pod == rp && rl != 0) {
+    uint8_t* staged = Scratch(1, n() * block);
+    CXLRT_RETURN_IF_ERROR(PodStep([&]() -> absl::Status {
+      if (l == rl) return pod->Send(send, n() * block, DataType::kUint8, 0);
+      if (l == 0) return pod->Recv(staged, n() * block, DataType::kUint8, rl);
+      return absl::OkStatus();
+    }));
+    full = staged;
+  }
+  const size_t region_bytes = layout.pod_size * block;
+  uint8_t* region = Scratch(0, region_bytes);
+  if (l == 0) {
+    std::vector<size_t> sc(P, 0), sd(P, 0), rc(P, 0), rd(P, 0);
+    if (holder) {
+      for (int p = 0; p < P; ++p) {
+        sc[p] = layout.pod_sizes[p] * block;
+        sd[p] = layout.pod_first[p] * block;
+      }
+    }
+    rc[rp] = region_bytes;
+    CXLRT_ASSIGN_OR_RETURN(Ticket t, rail->AllToAllV(full, sc, sd, region, rc, rd));
+    CXLRT_RETURN_IF_ERROR(EngineWait(*rail, t));
+  }
+  return PodStep([&] { return pod->Scatter(region, recv, count, type, 0); });
+}
+
+// All-to-all-v: the pieces between ranks of one pod go through the pool
+// (a pool all-to-all-v); the pieces between pods go straight over the world
+// engine (an all-to-all-v in which same-pod pieces are empty), started
+// first so that both tiers run at once.
+absl::Status MultiPodCommunicator::Impl::AllToAllV(const void* send, absl::Span<const size_t> sc,
+                                                   absl::Span<const size_t> sd, void* recv,
+                                                   absl::Span<const size_t> rc,
+                                                   absl::Span<const size_t> rd, DataType type) {
+  const size_t es = SizeOf(type), N = n();
+  if (sc.size() != N || sd.size() != N || rc.size() != N || rd.size() != N) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pods/", name, " rank ", layout.rank, ": AllToAllV needs ", N,
+                     " counts and displacements per side (got ", sc.size(), ", ", sd.size(), ", ",
+                     rc.size(), ", ", rd.size(), ")"));
+  }
+  const int first = layout.pod_first[layout.pod], ps = layout.pod_size;
+  std::vector<size_t> wsc(N, 0), wsd(N, 0), wrc(N, 0), wrd(N, 0);
+  bool remote = false;
+  for (size_t j = 0; j < N; ++j) {
+    if (layout.pod_of[j] == layout.pod) continue;
+    const int w = layout.world_of[j];
+    wsc[w] = sc[j] * es;
+    wsd[w] = sd[j] * es;
+    wrc[w] = rc[j] * es;
+    wrd[w] = rd[j] * es;
+    remote = true;
+  }
+  (void)remote;  // every rank joins the world call (zeros on both sides are fine)
+  CXLRT_ASSIGN_OR_RETURN(Ticket t, world->AllToAllV(send, wsc, wsd, recv, wrc, wrd));
+  CXLRT_RETURN_IF_ERROR(PodStep([&] {
+    return pod->AllToAllV(send, sc.subspan(first, ps), sd.subspan(first, ps), recv,
+                          rc.subspan(first, ps), rd.subspan(first, ps), type);
+  }));
+  return EngineWait(*world, t);
+}
+
+// Barrier: a pool barrier (every rank of the pod arrived), a barrier of
+// rail 0 (every pod arrived), a pool barrier (every pod's arrival known).
+absl::Status MultiPodCommunicator::Impl::Barrier() {
+  CXLRT_RETURN_IF_ERROR(PodStep([&] { return pod->Barrier(); }));
+  if (layout.local_rank == 0) {
+    CXLRT_ASSIGN_OR_RETURN(Ticket t, rail->Barrier());
+    CXLRT_RETURN_IF_ERROR(EngineWait(*rail, t));
+  }
+  return PodStep([&] { return pod->Barrier(); });
+}
+
+absl::Status MultiPodCommunicator::Impl::SendRecv(bool is_send, void* buf, size_t count,
+                                                  DataType type, int peer) {
+  if (peer < 0 || peer >= layout.world_size || peer == layout.rank) {
+    return absl::InvalidArgumentError(absl::StrCat("pods/", name, " rank ", layout.rank, ": ",
+                                                   is_send ? "Send" : "Recv", " peer ", peer,
+                                                   " is not another rank of ", layout.world_size));
+  }
+  if (layout.pod_of[peer] == layout.pod) {
+    const int lp = peer - layout.pod_first[layout.pod];
+    return PodStep([&] {
+      return is_send ? pod->Send(buf, count, type, lp) : pod->Recv(buf, count, type, lp);
+    });
+  }
+  const size_t bytes = count * SizeOf(type);
+  const int w = layout.world_of[peer];
+  CXLRT_ASSIGN_OR_RETURN(Ticket t,
+                         is_send ? world->Send(buf, bytes, w, 0) : world->Recv(buf, bytes, w, 0));
+  return EngineWait(*world, t);
+}
+
+}  // namespace cxlrt::pods
