@@ -28,7 +28,7 @@ absl::Status MultiPodCommunicator::Impl::AllReduce(const void* send, void* recv,
   const bool even = layout.pod_size == M;
   const size_t ce = ChunkElems(type);
   const size_t chunks = (count + ce - 1) / ce;
-  const size_t tmp_bytes = (ce / M + M) * es;
+  const size_t tmp_bytes = (std::min(ce, count) / M + M) * es;
   uint8_t* tmp[2] = {Scratch(0, tmp_bytes), Scratch(1, tmp_bytes)};
   uint8_t* junk = Scratch(2, tmp_bytes);  // a non-root's unused Reduce output
   const auto* in = static_cast<const uint8_t*>(send);
@@ -160,7 +160,7 @@ absl::Status MultiPodCommunicator::Impl::ReduceScatter(const void* send, void* r
   auto* in = const_cast<uint8_t*>(static_cast<const uint8_t*>(send));
   auto* out = static_cast<uint8_t*>(recv);
   auto L_of = [&](size_t k) { return std::min(ck, rc - k * ck); };
-  const Shards full(layout, M, ck, -1);
+  const Shards full(layout, M, std::min(ck, rc), -1);  // the largest chunk
   uint8_t* staging = Scratch(0, M * full.S * es);
   uint8_t* mine[2] = {Scratch(1, full.S * es), Scratch(2, full.S * es)};
   uint8_t* red[2] = {Scratch(3, full.S * es), Scratch(4, full.S * es)};
@@ -249,9 +249,9 @@ absl::Status MultiPodCommunicator::Impl::AllGather(const void* send, void* recv,
   const auto* in = static_cast<const uint8_t*>(send);
   auto* out = static_cast<uint8_t*>(recv);
   auto L_of = [&](size_t k) { return std::min(ck, count - k * ck); };
-  const Shards full(layout, M, ck, me);
-  uint8_t* region[2] = {Scratch(0, layout.pod_size * ck * es),
-                        Scratch(1, layout.pod_size * ck * es)};
+  const Shards full(layout, M, std::min(ck, count), me);  // the largest chunk
+  const size_t region_bytes = layout.pod_size * std::min(ck, count) * es;
+  uint8_t* region[2] = {Scratch(0, region_bytes), Scratch(1, region_bytes)};
   uint8_t* packs[2] = {Scratch(2, M * full.S * es), Scratch(3, M * full.S * es)};
   auto pre = [&](size_t k) -> absl::Status {
     const size_t L = L_of(k);
@@ -336,7 +336,7 @@ absl::Status MultiPodCommunicator::Impl::Reduce(const void* send, void* recv, si
   const int rp = layout.pod_of[root], rl = root - layout.pod_first[rp];
   const int l = layout.local_rank;
   const bool holder = layout.pod == rp && l == 0;  // gets the result from the rail
-  uint8_t* tmp[2] = {Scratch(0, ce * es), Scratch(1, ce * es)};
+  uint8_t* tmp[2] = {Scratch(0, std::min(ce, count) * es), Scratch(1, std::min(ce, count) * es)};
   const auto* in = static_cast<const uint8_t*>(send);
   auto* out = static_cast<uint8_t*>(recv);
   auto len_of = [&](size_t k) { return std::min(ce, count - k * ce); };

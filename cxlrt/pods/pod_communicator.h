@@ -19,8 +19,10 @@
 // both tiers on this rank, so that every rank of every pod sees kAborted
 // (or the engine's error, or kDeadlineExceeded) within its deadline rather
 // than waiting, and destroys the engines before the call returns (so no
-// engine operation still writes the caller's buffers); after an error
-// every call is kFailedPrecondition.
+// engine operation still writes the caller's buffers: with the pool
+// engine that waits for its running operation, so an error can take up to
+// about twice the timeout to return); after an error every call is
+// kFailedPrecondition.
 //
 // Thread-safety: one thread at a time, like collectives::Communicator.
 #pragma once

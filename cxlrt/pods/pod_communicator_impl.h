@@ -34,7 +34,11 @@ struct MultiPodCommunicator::Impl {
   std::unique_ptr<InterPodEngine> rail;            // local index l, one per pod that has it
   absl::Status failed;                             // the first error; then unusable
   TierTimes times;
-  std::vector<uint8_t> scratch[6];  // per-call staging (grown, never shrunk)
+  // Staging of the algorithms, taken at the start of a call (so an engine
+  // operation in flight never sees a buffer move); grown, never shrunk:
+  // about two chunks' worth for the pipelined collectives, the whole
+  // buffer for gather and scatter.
+  std::vector<uint8_t> scratch[6];
 
   ~Impl() {
     // Leaves in the same order on every rank: the pod, the rail, the world.
@@ -50,14 +54,6 @@ struct MultiPodCommunicator::Impl {
   uint8_t* Scratch(int i, size_t bytes) {
     if (scratch[i].size() < bytes) scratch[i].resize(bytes);
     return scratch[i].data();
-  }
-
-  // Rail rank of pod p on the rail of local index l: pods that have l, in
-  // pod order (the rail was split with key = pod).
-  int RailRank(int p, int l) const {
-    int r = 0;
-    for (int q = 0; q < p; ++q) r += layout.pod_sizes[q] > l ? 1 : 0;
-    return r;
   }
 
   // Runs one call: refuses after an error; on a new error aborts both
