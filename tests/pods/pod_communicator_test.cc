@@ -478,6 +478,27 @@ TEST_P(PodsTest, ThreePodsWithAPodOfOneRankAreExact) {
       Options(), po);
 }
 
+TEST_P(PodsTest, CallsThatDisagreeAcrossPodsAreAnErrorOnEveryRank) {
+  // Pod 0 all-reduces 1000 floats, pod 1 2000: each pod agrees with itself,
+  // so the rails see the mismatch; every rank must get an error, never OK
+  // with wrong bytes and never a hang.
+  RunPods(
+      {0, 0, 1, 1},
+      [](Rank& r) -> std::string {
+        const size_t count = r.comm->pod() == 0 ? 1000 : 2000;
+        std::vector<float> a(count, 1.0f), b(count);
+        absl::Status s =
+            r.comm->AllReduce(a.data(), b.data(), count, DataType::kFloat32, RedOp::kSum);
+        if (s.ok()) return "a mismatched all-reduce gave OK";
+        if (s.code() != absl::StatusCode::kInvalidArgument &&
+            s.code() != absl::StatusCode::kAborted) {
+          return "mismatched all-reduce: " + s.ToString();
+        }
+        return "";
+      },
+      Options(), {}, {}, /*leave_at_exit=*/false);
+}
+
 // Rank i sends counts[i][j] elements to rank j (zeros included), from
 // send + sd[j] into rank j's recv + rd[i], with a gap between pieces that
 // must stay untouched.
