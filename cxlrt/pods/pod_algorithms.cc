@@ -364,73 +364,120 @@ absl::Status MultiPodCommunicator::Impl::Reduce(const void* send, void* recv, si
   return Pipeline(chunks, rail.get(), pre, start, post);
 }
 
-// Gather: a pool gather onto local rank 0 of every pod; rail 0 sends each
-// pod's region to the root's pod (an all-to-all-v with one receiver); its
-// local rank 0 hands the whole result to the root when that is another rank.
+// Gather, per chunk of every block (pipelined): a pool gather of this
+// chunk onto local rank 0 of every pod (the pod's region); rail 0 sends each
+// region to the root's pod (an all-to-all-v with one receiver), packed in
+// rank order; the root's local rank 0 unpacks it into the result, or hands
+// the pack to the root (a pool Send) when the root is another rank.
 absl::Status MultiPodCommunicator::Impl::Gather(const void* send, void* recv, size_t count,
                                                 DataType type, int root) {
-  const size_t es = SizeOf(type), block = count * es;
+  const size_t es = SizeOf(type), N = n();
   const int P = layout.npods, rp = layout.pod_of[root], rl = root - layout.pod_first[rp];
   const int l = layout.local_rank;
-  const size_t region_bytes = layout.pod_size * block;
-  uint8_t* region = Scratch(0, region_bytes);
-  CXLRT_RETURN_IF_ERROR(PodStep([&] { return pod->Gather(send, region, count, type, 0); }));
   const bool holder = layout.pod == rp && l == 0;
-  uint8_t* result = holder && rl != 0 ? Scratch(1, n() * block) : static_cast<uint8_t*>(recv);
-  if (l == 0) {
+  const size_t ck = std::max<size_t>(1, chunk_bytes / es / N);
+  const size_t chunks = (count + ck - 1) / ck, most = std::min(ck, count);
+  const auto* in = static_cast<const uint8_t*>(send);
+  auto* out = static_cast<uint8_t*>(recv);
+  auto L_of = [&](size_t k) { return std::min(ck, count - k * ck); };
+  uint8_t* region[2] = {Scratch(0, layout.pod_size * most * es),
+                        Scratch(1, layout.pod_size * most * es)};
+  uint8_t* packs[2] = {Scratch(2, N * most * es), Scratch(3, N * most * es)};
+  uint8_t* got = Scratch(4, N * most * es);  // the root's copy of a pack
+  auto unpack = [&](const uint8_t* pack, size_t k, size_t L) {
+    for (size_t j = 0; j < N; ++j)
+      std::memcpy(out + (j * count + k * ck) * es, pack + j * L * es, L * es);
+  };
+  auto pre = [&](size_t k) -> absl::Status {
+    return pod->Gather(in + k * ck * es, region[k % 2], L_of(k), type, 0);
+  };
+  auto start = [&](size_t k) -> absl::StatusOr<std::optional<Ticket>> {
+    if (l != 0) return std::nullopt;
+    const size_t L = L_of(k);
     std::vector<size_t> sc(P, 0), sd(P, 0), rc(P, 0), rd(P, 0);
-    sc[rp] = region_bytes;
+    sc[rp] = layout.pod_size * L * es;
     if (holder) {
-      for (int p = 0; p < P; ++p) {
-        rc[p] = layout.pod_sizes[p] * block;
-        rd[p] = layout.pod_first[p] * block;
+      for (int q = 0; q < P; ++q) {
+        rc[q] = layout.pod_sizes[q] * L * es;
+        rd[q] = layout.pod_first[q] * L * es;
       }
     }
-    CXLRT_ASSIGN_OR_RETURN(Ticket t, rail->AllToAllV(region, sc, sd, result, rc, rd));
-    CXLRT_RETURN_IF_ERROR(EngineWait(*rail, t));
-  }
-  if (layout.pod != rp || rl == 0) return absl::OkStatus();
-  return PodStep([&]() -> absl::Status {
-    if (holder) return pod->Send(result, n() * block, DataType::kUint8, rl);
-    if (l == rl) return pod->Recv(recv, n() * block, DataType::kUint8, 0);
+    CXLRT_ASSIGN_OR_RETURN(Ticket t, rail->AllToAllV(region[k % 2], sc, sd, packs[k % 2], rc, rd));
+    return t;
+  };
+  auto post = [&](size_t k) -> absl::Status {
+    if (layout.pod != rp) return absl::OkStatus();
+    const size_t L = L_of(k);
+    if (rl == 0) {
+      if (holder) unpack(packs[k % 2], k, L);
+      return absl::OkStatus();
+    }
+    if (holder) return pod->Send(packs[k % 2], N * L, type, rl);
+    if (l == rl) {
+      CXLRT_RETURN_IF_ERROR(pod->Recv(got, N * L, type, 0));
+      unpack(got, k, L);
+    }
     return absl::OkStatus();
-  });
+  };
+  return Pipeline(chunks, rail.get(), pre, start, post);
 }
 
-// Scatter: the root hands its buffer to local rank 0 of its pod (when it is
-// another rank); rail 0 sends each pod its region (an all-to-all-v with one
-// sender); local rank 0 of every pod scatters its region in the pod.
+// Scatter, per chunk of every block (pipelined), the mirror image: the
+// root packs this chunk of every block in rank order (and hands the pack to
+// its local rank 0 with a pool Send when it is another rank); rail 0 sends
+// each pod its region (an all-to-all-v with one sender); local rank 0 of
+// every pod scatters its region in the pod.
 absl::Status MultiPodCommunicator::Impl::Scatter(const void* send, void* recv, size_t count,
                                                  DataType type, int root) {
-  const size_t es = SizeOf(type), block = count * es;
+  const size_t es = SizeOf(type), N = n();
   const int P = layout.npods, rp = layout.pod_of[root], rl = root - layout.pod_first[rp];
   const int l = layout.local_rank;
   const bool holder = layout.pod == rp && l == 0;
-  const uint8_t* full = static_cast<const uint8_t*>(send);
-  if (layout.pod == rp && rl != 0) {
-    uint8_t* staged = Scratch(1, n() * block);
-    CXLRT_RETURN_IF_ERROR(PodStep([&]() -> absl::Status {
-      if (l == rl) return pod->Send(send, n() * block, DataType::kUint8, 0);
-      if (l == 0) return pod->Recv(staged, n() * block, DataType::kUint8, rl);
+  const size_t ck = std::max<size_t>(1, chunk_bytes / es / N);
+  const size_t chunks = (count + ck - 1) / ck, most = std::min(ck, count);
+  const auto* in = static_cast<const uint8_t*>(send);
+  auto* out = static_cast<uint8_t*>(recv);
+  auto L_of = [&](size_t k) { return std::min(ck, count - k * ck); };
+  uint8_t* region[2] = {Scratch(0, layout.pod_size * most * es),
+                        Scratch(1, layout.pod_size * most * es)};
+  uint8_t* packs[2] = {Scratch(2, N * most * es), Scratch(3, N * most * es)};
+  uint8_t* mine = Scratch(4, N * most * es);  // the root's pack when it is not local 0
+  auto pack = [&](uint8_t* dst, size_t k, size_t L) {
+    for (size_t j = 0; j < N; ++j)
+      std::memcpy(dst + j * L * es, in + (j * count + k * ck) * es, L * es);
+  };
+  auto pre = [&](size_t k) -> absl::Status {
+    if (layout.pod != rp) return absl::OkStatus();
+    const size_t L = L_of(k);
+    if (rl == 0) {
+      if (holder) pack(packs[k % 2], k, L);
       return absl::OkStatus();
-    }));
-    full = staged;
-  }
-  const size_t region_bytes = layout.pod_size * block;
-  uint8_t* region = Scratch(0, region_bytes);
-  if (l == 0) {
+    }
+    if (l == rl) {
+      pack(mine, k, L);
+      return pod->Send(mine, N * L, type, 0);
+    }
+    if (holder) return pod->Recv(packs[k % 2], N * L, type, rl);
+    return absl::OkStatus();
+  };
+  auto start = [&](size_t k) -> absl::StatusOr<std::optional<Ticket>> {
+    if (l != 0) return std::nullopt;
+    const size_t L = L_of(k);
     std::vector<size_t> sc(P, 0), sd(P, 0), rc(P, 0), rd(P, 0);
     if (holder) {
-      for (int p = 0; p < P; ++p) {
-        sc[p] = layout.pod_sizes[p] * block;
-        sd[p] = layout.pod_first[p] * block;
+      for (int q = 0; q < P; ++q) {
+        sc[q] = layout.pod_sizes[q] * L * es;
+        sd[q] = layout.pod_first[q] * L * es;
       }
     }
-    rc[rp] = region_bytes;
-    CXLRT_ASSIGN_OR_RETURN(Ticket t, rail->AllToAllV(full, sc, sd, region, rc, rd));
-    CXLRT_RETURN_IF_ERROR(EngineWait(*rail, t));
-  }
-  return PodStep([&] { return pod->Scatter(region, recv, count, type, 0); });
+    rc[rp] = layout.pod_size * L * es;
+    CXLRT_ASSIGN_OR_RETURN(Ticket t, rail->AllToAllV(packs[k % 2], sc, sd, region[k % 2], rc, rd));
+    return t;
+  };
+  auto post = [&](size_t k) -> absl::Status {
+    return pod->Scatter(region[k % 2], out + k * ck * es, L_of(k), type, 0);
+  };
+  return Pipeline(chunks, rail.get(), pre, start, post);
 }
 
 // All-to-all-v: the pieces between ranks of one pod go through the pool
