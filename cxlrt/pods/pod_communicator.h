@@ -7,10 +7,10 @@
 // has one. Every collective is composed level by level: all-reduce is a
 // reduce-scatter in the pod, an all-reduce of each shard over the rails,
 // and an all-gather in the pod; the others are written down in the docs.
-// Large all-reduces, broadcasts and reduces run as a pipeline of chunks:
-// the engine's step of chunk k runs while the pod steps of chunks k + 1
-// and k - 1 do. Pods may differ in size. With one pod every call goes
-// straight to the pool communicator and the engine is never called.
+// Every collective but all-to-all(v) and barrier runs as a pipeline of
+// chunks: the engine's step of chunk k runs while the pod steps of chunks
+// k + 1 and k - 1 do (all-to-all(v) runs its two tiers at once instead). Pods may differ in size.
+// With one pod every call goes straight to the pool communicator and the engine is never called.
 //
 // Ranks are pod-major (layout.h): pod 0's ranks first. Buffers are host
 // memory (the engine's and the pool communicator's CPU path).
@@ -46,9 +46,10 @@ namespace cxlrt::pods {
 using collectives::CommOptions;
 
 struct PodOptions {
-  // Bytes of a pipeline chunk of AllReduce, Broadcast and Reduce (of the
-  // call's buffer); a call of at most this many bytes runs in one piece.
-  // 0: 4 MiB. Every rank must pass the same value.
+  // Bytes of a pipeline chunk (of the call's buffer for AllReduce,
+  // Broadcast and Reduce; chunk_bytes / size() of every rank's block for
+  // ReduceScatter, AllGather, Gather and Scatter); a call of at most one
+  // chunk runs in one piece. 0: 4 MiB. Every rank must pass the same value.
   uint64_t chunk_bytes = 0;
 };
 
