@@ -14,79 +14,165 @@ namespace cxlrt::pods {
 
 using Ticket = InterPodEngine::Ticket;
 
-// All-reduce: shards over the smallest pod size m. Per chunk: (A) shard s
-// reduced in the pod onto local rank s (a reduce-scatter where the pod has
-// m ranks, one Reduce per shard where it has more); (E) the rail of local
-// index s all-reduces shard s across the pods; (C) the shards gathered back
-// in the pod (an all-gather, or one Broadcast per shard). The last shard
-// also carries the chunk's remainder (len - m * q elements).
+// The sharded steps of all-reduce, broadcast and reduce, for one chunk of
+// `len` elements: shard s is [s * q, s * q + ShardLen(len, s)) with q =
+// len / m; the last shard also carries the remainder.
+size_t MultiPodCommunicator::Impl::ShardLen(size_t len, int s) const {
+  const size_t q = len / m();
+  return s == m() - 1 ? len - q * (m() - 1) : q;
+}
+
+// (A) Shard s of `in` reduced over the pod onto local rank s, into `t`: a
+// reduce-scatter (and a Reduce of the remainder) where the pod has m
+// ranks, one Reduce per shard where it has more (`junk` takes a non-root's
+// unused output).
+absl::Status MultiPodCommunicator::Impl::ReduceShards(const uint8_t* in, size_t len, uint8_t* t,
+                                                      uint8_t* junk, DataType type, RedOp rop) {
+  const size_t es = SizeOf(type);
+  const int l = layout.local_rank, M = m();
+  const size_t q = len / M, rem = len - q * M;
+  if (layout.pod_size == M) {
+    if (q > 0) CXLRT_RETURN_IF_ERROR(pod->ReduceScatter(in, t, q, type, rop));
+    if (rem == 0) return absl::OkStatus();
+    return pod->Reduce(in + q * M * es, l == M - 1 ? t + q * es : junk, rem, type, rop, M - 1);
+  }
+  for (int s = 0; s < M; ++s) {
+    const size_t sl = ShardLen(len, s);
+    if (sl == 0) continue;
+    CXLRT_RETURN_IF_ERROR(pod->Reduce(in + s * q * es, l == s ? t : junk, sl, type, rop, s));
+  }
+  return absl::OkStatus();
+}
+
+// (C) Shard s, held by local rank s (in `t`, or already at its place in
+// `out` when `t` is null), to every rank of the pod: an all-gather (and a
+// Broadcast of the remainder) where the pod has m ranks, one Broadcast per
+// shard where it has more.
+absl::Status MultiPodCommunicator::Impl::ShareShards(uint8_t* out, size_t len, const uint8_t* t,
+                                                     DataType type) {
+  const size_t es = SizeOf(type);
+  const int l = layout.local_rank, M = m();
+  const size_t q = len / M, rem = len - q * M;
+  if (t != nullptr && l < M) std::memcpy(out + l * q * es, t, ShardLen(len, l) * es);
+  if (layout.pod_size == M) {
+    if (q > 0) CXLRT_RETURN_IF_ERROR(pod->AllGather(out + l * q * es, out, q, type));
+    if (rem == 0) return absl::OkStatus();
+    uint8_t* tail = out + q * M * es;
+    return pod->Broadcast(tail, tail, rem, type, M - 1);
+  }
+  for (int s = 0; s < M; ++s) {
+    const size_t sl = ShardLen(len, s);
+    if (sl == 0) continue;
+    uint8_t* at = out + s * q * es;
+    CXLRT_RETURN_IF_ERROR(pod->Broadcast(at, at, sl, type, s));
+  }
+  return absl::OkStatus();
+}
+
+// All-reduce, per chunk: (A) ReduceShards; (E) rail s all-reduces shard s
+// across the pods; (C) ShareShards. kAvg: the holder divides its shard once
+// by the rank count before (C).
 absl::Status MultiPodCommunicator::Impl::AllReduce(const void* send, void* recv, size_t count,
                                                    DataType type, RedOp op) {
   const size_t es = SizeOf(type);
   const RedOp rop = op == RedOp::kAvg ? RedOp::kSum : op;
   const int l = layout.local_rank, M = m();
-  const bool even = layout.pod_size == M;
-  const size_t ce = ChunkElems(type);
-  const size_t chunks = (count + ce - 1) / ce;
+  const size_t ce = ChunkElems(type), chunks = (count + ce - 1) / ce;
   const size_t tmp_bytes = (std::min(ce, count) / M + M) * es;
   uint8_t* tmp[2] = {Scratch(0, tmp_bytes), Scratch(1, tmp_bytes)};
-  uint8_t* junk = Scratch(2, tmp_bytes);  // a non-root's unused Reduce output
+  uint8_t* junk = Scratch(2, tmp_bytes);
   const auto* in = static_cast<const uint8_t*>(send);
   auto* out = static_cast<uint8_t*>(recv);
   auto len_of = [&](size_t k) { return std::min(ce, count - k * ce); };
-  auto shard_len = [&](size_t len, int s) {
-    const size_t q = len / M;
-    return s == M - 1 ? len - q * (M - 1) : q;
-  };
-  auto pre = [&](size_t k) -> absl::Status {
-    const size_t off = k * ce, len = len_of(k), q = len / M, rem = len - q * M;
-    uint8_t* t = tmp[k % 2];
-    if (even) {
-      if (q > 0) CXLRT_RETURN_IF_ERROR(pod->ReduceScatter(in + off * es, t, q, type, rop));
-      if (rem > 0) {
-        CXLRT_RETURN_IF_ERROR(pod->Reduce(in + (off + q * M) * es, l == M - 1 ? t + q * es : junk,
-                                          rem, type, rop, M - 1));
-      }
-      return absl::OkStatus();
-    }
-    for (int s = 0; s < M; ++s) {
-      const size_t sl = shard_len(len, s);
-      if (sl == 0) continue;
-      CXLRT_RETURN_IF_ERROR(
-          pod->Reduce(in + (off + s * q) * es, l == s ? t : junk, sl, type, rop, s));
-    }
-    return absl::OkStatus();
+  auto pre = [&](size_t k) {
+    return ReduceShards(in + k * ce * es, len_of(k), tmp[k % 2], junk, type, rop);
   };
   auto start = [&](size_t k) -> absl::StatusOr<std::optional<Ticket>> {
-    if (l >= M) return std::nullopt;
-    const size_t sl = shard_len(len_of(k), l);
+    const size_t sl = l < M ? ShardLen(len_of(k), l) : 0;
     if (sl == 0) return std::nullopt;
-    uint8_t* t = tmp[k % 2];
-    CXLRT_ASSIGN_OR_RETURN(Ticket tk, rail->AllReduce(t, t, sl, type, rop));
-    return tk;
+    CXLRT_ASSIGN_OR_RETURN(Ticket t, rail->AllReduce(tmp[k % 2], tmp[k % 2], sl, type, rop));
+    return t;
   };
   auto post = [&](size_t k) -> absl::Status {
-    const size_t off = k * ce, len = len_of(k), q = len / M, rem = len - q * M;
-    uint8_t* t = tmp[k % 2];
-    if (l < M && op == RedOp::kAvg) CXLRT_RETURN_IF_ERROR(DivideForAvg(t, shard_len(len, l), type));
-    if (even) {
-      if (q > 0) {
-        std::memcpy(out + (off + l * q) * es, t, q * es);
-        CXLRT_RETURN_IF_ERROR(pod->AllGather(out + (off + l * q) * es, out + off * es, q, type));
-      }
-      if (rem > 0) {
-        uint8_t* tail = out + (off + q * M) * es;
-        if (l == M - 1) std::memcpy(tail, t + q * es, rem * es);
-        CXLRT_RETURN_IF_ERROR(pod->Broadcast(tail, tail, rem, type, M - 1));
-      }
-      return absl::OkStatus();
+    const size_t len = len_of(k);
+    if (l < M && op == RedOp::kAvg) {
+      CXLRT_RETURN_IF_ERROR(DivideForAvg(tmp[k % 2], ShardLen(len, l), type));
     }
+    return ShareShards(out + k * ce * es, len, tmp[k % 2], type);
+  };
+  return Pipeline(chunks, rail.get(), pre, start, post);
+}
+
+// Broadcast, per chunk: a pool broadcast from the root in the root's pod;
+// rail s broadcasts shard s from the root's pod to every other pod; there
+// ShareShards gives every rank the whole chunk.
+absl::Status MultiPodCommunicator::Impl::Broadcast(const void* send, void* recv, size_t count,
+                                                   DataType type, int root) {
+  const size_t es = SizeOf(type), ce = ChunkElems(type), chunks = (count + ce - 1) / ce;
+  const int rp = layout.pod_of[root], rl = root - layout.pod_first[rp];
+  const int l = layout.local_rank, M = m();
+  const auto* in = static_cast<const uint8_t*>(send);
+  auto* out = static_cast<uint8_t*>(recv);
+  auto len_of = [&](size_t k) { return std::min(ce, count - k * ce); };
+  auto pre = [&](size_t k) -> absl::Status {
+    if (layout.pod != rp) return absl::OkStatus();
+    return pod->Broadcast(in + k * ce * es, out + k * ce * es, len_of(k), type, rl);
+  };
+  auto start = [&](size_t k) -> absl::StatusOr<std::optional<Ticket>> {
+    const size_t len = len_of(k), sl = l < M ? ShardLen(len, l) : 0;
+    if (sl == 0) return std::nullopt;
+    uint8_t* shard = out + (k * ce + l * (len / M)) * es;
+    CXLRT_ASSIGN_OR_RETURN(Ticket t, rail->Broadcast(shard, sl, type, rp));
+    return t;
+  };
+  auto post = [&](size_t k) -> absl::Status {
+    if (layout.pod == rp) return absl::OkStatus();
+    return ShareShards(out + k * ce * es, len_of(k), nullptr, type);
+  };
+  return Pipeline(chunks, rail.get(), pre, start, post);
+}
+
+// Reduce, per chunk: (A) ReduceShards; (E) rail s reduces shard s onto the
+// root's pod; there the shard holders hand their shards to the root (pool
+// Sends; the root's own shard, when it holds one, by a copy).
+absl::Status MultiPodCommunicator::Impl::Reduce(const void* send, void* recv, size_t count,
+                                                DataType type, RedOp op, int root) {
+  const size_t es = SizeOf(type), ce = ChunkElems(type), chunks = (count + ce - 1) / ce;
+  const RedOp rop = op == RedOp::kAvg ? RedOp::kSum : op;
+  const int rp = layout.pod_of[root], rl = root - layout.pod_first[rp];
+  const int l = layout.local_rank, M = m();
+  const size_t tmp_bytes = (std::min(ce, count) / M + M) * es;
+  uint8_t* tmp[2] = {Scratch(0, tmp_bytes), Scratch(1, tmp_bytes)};
+  uint8_t* red[2] = {Scratch(2, tmp_bytes), Scratch(3, tmp_bytes)};
+  uint8_t* junk = Scratch(4, tmp_bytes);
+  const auto* in = static_cast<const uint8_t*>(send);
+  auto* out = static_cast<uint8_t*>(recv);
+  auto len_of = [&](size_t k) { return std::min(ce, count - k * ce); };
+  auto pre = [&](size_t k) {
+    return ReduceShards(in + k * ce * es, len_of(k), tmp[k % 2], junk, type, rop);
+  };
+  auto start = [&](size_t k) -> absl::StatusOr<std::optional<Ticket>> {
+    const size_t sl = l < M ? ShardLen(len_of(k), l) : 0;
+    if (sl == 0) return std::nullopt;
+    CXLRT_ASSIGN_OR_RETURN(Ticket t, rail->Reduce(tmp[k % 2], red[k % 2], sl, type, rop, rp));
+    return t;
+  };
+  auto post = [&](size_t k) -> absl::Status {
+    if (layout.pod != rp) return absl::OkStatus();
+    const size_t len = len_of(k), q = len / M;
+    uint8_t* r = red[k % 2];
+    if (l < M && op == RedOp::kAvg) CXLRT_RETURN_IF_ERROR(DivideForAvg(r, ShardLen(len, l), type));
     for (int s = 0; s < M; ++s) {
-      const size_t sl = shard_len(len, s);
+      const size_t sl = ShardLen(len, s);
+      uint8_t* dst = out + (k * ce + s * q) * es;
       if (sl == 0) continue;
-      uint8_t* dst = out + (off + s * q) * es;
-      if (l == s) std::memcpy(dst, t, sl * es);
-      CXLRT_RETURN_IF_ERROR(pod->Broadcast(dst, dst, sl, type, s));
+      if (l == s && s == rl) {
+        std::memcpy(dst, r, sl * es);
+      } else if (l == s) {
+        CXLRT_RETURN_IF_ERROR(pod->Send(r, sl, type, rl));
+      } else if (l == rl) {
+        CXLRT_RETURN_IF_ERROR(pod->Recv(dst, sl, type, s));
+      }
     }
     return absl::OkStatus();
   };
@@ -294,71 +380,6 @@ absl::Status MultiPodCommunicator::Impl::AllGather(const void* send, void* recv,
                    g.Real(q, s), es);
       }
     }
-    return absl::OkStatus();
-  };
-  return Pipeline(chunks, rail.get(), pre, start, post);
-}
-
-// Broadcast: in the root's pod a pool broadcast from the root; rail 0 then
-// carries it to local rank 0 of every other pod, which broadcasts it in its
-// pod. Pipelined by chunks.
-absl::Status MultiPodCommunicator::Impl::Broadcast(const void* send, void* recv, size_t count,
-                                                   DataType type, int root) {
-  const size_t es = SizeOf(type), ce = ChunkElems(type), chunks = (count + ce - 1) / ce;
-  const int rp = layout.pod_of[root], rl = root - layout.pod_first[rp];
-  const auto* in = static_cast<const uint8_t*>(send);
-  auto* out = static_cast<uint8_t*>(recv);
-  auto len_of = [&](size_t k) { return std::min(ce, count - k * ce); };
-  auto pre = [&](size_t k) -> absl::Status {
-    if (layout.pod != rp) return absl::OkStatus();
-    return pod->Broadcast(in + k * ce * es, out + k * ce * es, len_of(k), type, rl);
-  };
-  auto start = [&](size_t k) -> absl::StatusOr<std::optional<Ticket>> {
-    if (layout.local_rank != 0) return std::nullopt;
-    CXLRT_ASSIGN_OR_RETURN(Ticket t, rail->Broadcast(out + k * ce * es, len_of(k), type, rp));
-    return t;
-  };
-  auto post = [&](size_t k) -> absl::Status {
-    if (layout.pod == rp) return absl::OkStatus();
-    uint8_t* b = out + k * ce * es;
-    return pod->Broadcast(b, b, len_of(k), type, 0);
-  };
-  return Pipeline(chunks, rail.get(), pre, start, post);
-}
-
-// Reduce: a pool reduce onto local rank 0 of every pod; rail 0 reduces those
-// onto the root's pod; its local rank 0 hands the result to the root
-// (a pool Send) when the root is another rank. Pipelined by chunks.
-absl::Status MultiPodCommunicator::Impl::Reduce(const void* send, void* recv, size_t count,
-                                                DataType type, RedOp op, int root) {
-  const size_t es = SizeOf(type), ce = ChunkElems(type), chunks = (count + ce - 1) / ce;
-  const RedOp rop = op == RedOp::kAvg ? RedOp::kSum : op;
-  const int rp = layout.pod_of[root], rl = root - layout.pod_first[rp];
-  const int l = layout.local_rank;
-  const bool holder = layout.pod == rp && l == 0;  // gets the result from the rail
-  uint8_t* tmp[2] = {Scratch(0, std::min(ce, count) * es), Scratch(1, std::min(ce, count) * es)};
-  const auto* in = static_cast<const uint8_t*>(send);
-  auto* out = static_cast<uint8_t*>(recv);
-  auto len_of = [&](size_t k) { return std::min(ce, count - k * ce); };
-  // Where the holder's result of chunk k lands: the root's buffer when the
-  // holder is the root.
-  auto result = [&](size_t k) { return rl == 0 ? out + k * ce * es : tmp[k % 2]; };
-  auto pre = [&](size_t k) -> absl::Status {
-    return pod->Reduce(in + k * ce * es, tmp[k % 2], len_of(k), type, rop, 0);
-  };
-  auto start = [&](size_t k) -> absl::StatusOr<std::optional<Ticket>> {
-    if (l != 0) return std::nullopt;
-    CXLRT_ASSIGN_OR_RETURN(Ticket t, rail->Reduce(tmp[k % 2], holder ? result(k) : tmp[k % 2],
-                                                  len_of(k), type, rop, rp));
-    return t;
-  };
-  auto post = [&](size_t k) -> absl::Status {
-    if (layout.pod != rp) return absl::OkStatus();
-    if (holder && op == RedOp::kAvg)
-      CXLRT_RETURN_IF_ERROR(DivideForAvg(result(k), len_of(k), type));
-    if (rl == 0) return absl::OkStatus();
-    if (holder) return pod->Send(result(k), len_of(k), type, rl);
-    if (l == rl) return pod->Recv(out + k * ce * es, len_of(k), type, 0);
     return absl::OkStatus();
   };
   return Pipeline(chunks, rail.get(), pre, start, post);

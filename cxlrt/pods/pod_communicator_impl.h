@@ -134,6 +134,10 @@ struct MultiPodCommunicator::Impl {
     return absl::OkStatus();
   }
 
+  size_t ShardLen(size_t len, int s) const;
+  absl::Status ReduceShards(const uint8_t* in, size_t len, uint8_t* t, uint8_t* junk, DataType type,
+                            RedOp rop);
+  absl::Status ShareShards(uint8_t* out, size_t len, const uint8_t* t, DataType type);
   struct Shards;
   void CopyRegion(bool to_blocks, uint8_t* packed, uint8_t* blocks, size_t stride, size_t off,
                   size_t L, int q, size_t from, size_t n, size_t es) const;
