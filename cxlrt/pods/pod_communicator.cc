@@ -203,6 +203,7 @@ absl::Status MultiPodCommunicator::Destroy() {
   absl::Status s = m.pod ? m.pod->Destroy() : absl::OkStatus();
   m.rail.reset();
   m.world.reset();
+  if (m.failed.ok()) m.failed = absl::FailedPreconditionError("the communicator was destroyed");
   return s;
 }
 

@@ -354,6 +354,11 @@ class PodsTest : public ::testing::TestWithParam<CoherenceDomain> {
     if (err.empty()) {
       absl::Status d = (*comm)->Destroy();
       if (!d.ok()) err = "Destroy: " + d.ToString();
+      float x = 0;
+      d = (*comm)->AllReduce(&x, &x, 1, DataType::kFloat32, RedOp::kSum);
+      if (err.empty() && d.code() != absl::StatusCode::kFailedPrecondition) {
+        err = "a call after Destroy: " + d.ToString();
+      }
     }
     return err;
   }
