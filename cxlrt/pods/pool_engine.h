@@ -10,7 +10,11 @@
 // which runs them in order on a synchronous communicator; the call returns
 // a Ticket at once, and Wait(t) waits for the worker to finish call t. So
 // an engine operation overlaps whatever the caller does meanwhile (the
-// pod's own collectives in MultiPodCommunicator's pipeline).
+// pod's own collectives in MultiPodCommunicator's pipeline). Not the
+// communicator's asynchronous mode: its Synchronize waits for every queued
+// call with no deadline of its own and no completion per call, and its
+// Abort first drains the queue, where Wait needs a deadline per ticket and
+// Abort must not block.
 //
 // Send/Recv: the communicator has no tags and matches a pair's messages in
 // order, so the engine sends a 16-byte header (tag, bytes) before each
