@@ -103,41 +103,64 @@ int RunRank(const PodsBenchOptions& o, const std::vector<std::string>& pod_uris,
   if (w == 0 && !o.json) {
     std::printf("# cxlrt bench pods: %d ranks in %d pods (sizes", n, h.npods());
     for (int s : h.layout().pod_sizes) std::printf(" %d", s);
-    std::printf("), engine %s, float sum, times per call (the slowest rank)\n", o.engine.c_str());
+    std::printf("), %s, engine %s, float sum, times per call (the slowest rank)\n",
+                o.collective.c_str(), o.engine.c_str());
     std::printf(
-        "# hier: the hierarchical all-reduce; one-pool: all ranks in one pool; pod/engine:\n"
+        "# hier: the hierarchical collective; one-pool: all ranks in one pool; pod/engine:\n"
         "# rank 0's time in pod steps and waiting for the engine within hier; pod alone:\n"
-        "# a pool all-reduce of the buffer in one pod; rail alone: the engine all-reduce\n"
-        "# of one shard (bytes / %d) across the pods\n",
+        "# the same collective in one pod's pool (same bytes per rank); rail alone (all-reduce\n"
+        "# only): the engine all-reduce of one shard (bytes / %d) across the pods\n",
         m);
     std::printf("%12s %11s %11s %9s %11s %11s %11s %11s %7s %7s\n", "bytes", "hier", "one-pool",
                 "one/hier", "pod", "engine", "pod alone", "rail alone", "bound", "#wrong");
   }
+  const std::string& coll = o.collective;
+  const bool all_reduce = coll == "allreduce";
   for (uint64_t bytes = o.min_bytes; bytes <= o.max_bytes;
        bytes = std::max<uint64_t>(bytes + 1, bytes * o.factor)) {
-    const size_t count = bytes / sizeof(float);
-    std::vector<float> in(count, static_cast<float>(h.rank() + 1)), out(count);
+    // nccl-tests' sizes: `bytes` is the larger buffer of a rank.
+    const size_t total = bytes / sizeof(float), block = total / n;
+    std::vector<float> in(total, static_cast<float>(h.rank() + 1)), out(total);
+    // One call of the collective on a communicator of either kind, with
+    // `ranks` ranks (the per-rank block stays `block`).
+    auto call = [&](auto& c, int ranks) -> absl::Status {
+      float *a = in.data(), *b = out.data();
+      const auto f = DataType::kFloat32;
+      if (coll == "allreduce") return c.AllReduce(a, b, total, f, RedOp::kSum);
+      if (coll == "reducescatter") return c.ReduceScatter(a, b, block, f, RedOp::kSum);
+      if (coll == "allgather") return c.AllGather(a, b, block, f);
+      if (coll == "broadcast") return c.Broadcast(a, b, total, f, 0);
+      if (coll == "reduce") return c.Reduce(a, b, total, f, RedOp::kSum, 0);
+      (void)ranks;
+      return c.AllToAll(a, b, block, f);
+    };
     auto th = Time(
-        **flat, o.warmup, o.iters,
-        [&] { return h.AllReduce(in.data(), out.data(), count, DataType::kFloat32, RedOp::kSum); },
-        [&] { h.ResetTierTimes(); });
+        **flat, o.warmup, o.iters, [&] { return call(h, n); }, [&] { h.ResetTierTimes(); });
     if (!th.ok()) return fail("hier", th.status());
     const pods::TierTimes tt = h.tier_times();
     const int calls = o.iters;
-    const float want = static_cast<float>(n) * (n + 1) / 2;
+    // What rank r holds now (every input element of rank j is j + 1).
     uint64_t wrong = 0;
-    for (float v : out) wrong += v != want;
-    auto tf = Time(**flat, o.warmup, o.iters, [&] {
-      return (*flat)->AllReduce(in.data(), out.data(), count, DataType::kFloat32, RedOp::kSum);
-    });
+    const float sum = static_cast<float>(n) * (n + 1) / 2;
+    if (coll == "allreduce" || (coll == "reduce" && h.rank() == 0)) {
+      for (size_t i = 0; i < total; ++i) wrong += out[i] != sum;
+    } else if (coll == "reducescatter") {
+      for (size_t i = 0; i < block; ++i) wrong += out[i] != sum;
+    } else if (coll == "broadcast") {
+      for (size_t i = 0; i < total; ++i) wrong += out[i] != 1.0f;
+    } else if (coll == "allgather" || coll == "alltoall") {
+      for (size_t i = 0; i < n * block; ++i) wrong += out[i] != static_cast<float>(i / block + 1);
+    }
+    auto tf = Time(**flat, o.warmup, o.iters, [&] { return call(**flat, n); });
     if (!tf.ok()) return fail("one-pool", tf.status());
-    auto tp = Time(**flat, o.warmup, o.iters, [&] {
-      return (*pod_only)->AllReduce(in.data(), out.data(), count, DataType::kFloat32, RedOp::kSum);
+    auto tp = Time(**flat, o.warmup, o.iters, [&]() -> absl::Status {
+      if (!all_reduce) return call(**pod_only, h.pod_size());
+      return (*pod_only)->AllReduce(in.data(), out.data(), total, DataType::kFloat32, RedOp::kSum);
     });
     if (!tp.ok()) return fail("pod alone", tp.status());
-    const size_t shard = count / m;
+    const size_t shard = total / m;
     auto tr = Time(**flat, o.warmup, o.iters, [&]() -> absl::Status {
-      if (h.local_rank() >= m || shard == 0) return absl::OkStatus();
+      if (!all_reduce || h.local_rank() >= m || shard == 0) return absl::OkStatus();
       auto t = (*rail)->AllReduce(in.data(), out.data(), shard, DataType::kFloat32, RedOp::kSum);
       if (!t.ok()) return t.status();
       return (*rail)->Wait(*t, absl::Now() + absl::Seconds(60));
@@ -148,9 +171,10 @@ int RunRank(const PodsBenchOptions& o, const std::vector<std::string>& pod_uris,
     if (w == 0) {
       const double pod_us = absl::ToDoubleMicroseconds(tt.pod) / calls;
       const double eng_us = absl::ToDoubleMicroseconds(tt.engine_wait) / calls;
-      const char* bound = *tp >= *tr ? "pod" : "engine";
+      const char* bound = !all_reduce ? "-" : *tp >= *tr ? "pod" : "engine";
       if (o.json) {
-        nlohmann::json j = {{"bytes", bytes},
+        nlohmann::json j = {{"collective", coll},
+                            {"bytes", bytes},
                             {"ranks", n},
                             {"pods", h.npods()},
                             {"engine", o.engine},
@@ -160,14 +184,15 @@ int RunRank(const PodsBenchOptions& o, const std::vector<std::string>& pod_uris,
                             {"pod_step_us", pod_us},
                             {"engine_wait_us", eng_us},
                             {"pod_alone_us", *tp * 1e6},
-                            {"rail_alone_us", *tr * 1e6},
                             {"bound", bound},
                             {"wrong", all_wrong}};
+        if (all_reduce) j["rail_alone_us"] = *tr * 1e6;
         std::printf("%s\n", j.dump().c_str());
       } else {
-        std::printf("%12llu %11.1f %11.1f %9.2f %11.1f %11.1f %11.1f %11.1f %7s %7llu\n",
+        const std::string rail_us = all_reduce ? absl::StrFormat("%.1f", *tr * 1e6) : "-";
+        std::printf("%12llu %11.1f %11.1f %9.2f %11.1f %11.1f %11.1f %11s %7s %7llu\n",
                     static_cast<unsigned long long>(bytes), *th * 1e6, *tf * 1e6, *tf / *th, pod_us,
-                    eng_us, *tp * 1e6, *tr * 1e6, bound,
+                    eng_us, *tp * 1e6, rail_us.c_str(), bound,
                     static_cast<unsigned long long>(all_wrong));
       }
       std::fflush(stdout);
@@ -187,6 +212,15 @@ int RunRank(const PodsBenchOptions& o, const std::vector<std::string>& pod_uris,
 int RunPodsBench(const PodsBenchOptions& o) {
   if (o.pods < 1 || o.ranks < o.pods || o.ranks > 64) {
     std::fprintf(stderr, "cxlrt bench pods: need 1 <= --pods <= --ranks <= 64\n");
+    return 1;
+  }
+  const std::string colls[] = {"allreduce", "reducescatter", "allgather",
+                               "broadcast", "reduce",        "alltoall"};
+  if (std::find(std::begin(colls), std::end(colls), o.collective) == std::end(colls)) {
+    std::fprintf(stderr,
+                 "cxlrt bench pods: --collective %s is not one of allreduce, reducescatter, "
+                 "allgather, broadcast, reduce, alltoall\n",
+                 o.collective.c_str());
     return 1;
   }
   if (o.engine != "pool") {

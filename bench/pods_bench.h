@@ -1,4 +1,5 @@
-// `cxlrt bench pods`: the hierarchical all-reduce across emulated pods
+// `cxlrt bench pods`: a hierarchical collective (all-reduce by default)
+// across emulated pods
 // (docs/collectives.md, "Beyond one pool") beside one pool that holds all
 // the same ranks, measured in the same run, with each tier's time: the
 // time a rank spent in its pod steps and waiting for the engine, and each
@@ -16,6 +17,7 @@
 namespace cxlrt::bench {
 
 struct PodsBenchOptions {
+  std::string collective = "allreduce";  // or reducescatter, allgather, broadcast, reduce, alltoall
   int pods = 2;
   int ranks = 4;
   uint64_t min_bytes = 64 << 10;

@@ -219,8 +219,8 @@ int main(int argc, char** argv) {
   std::string pods_min = "64K", pods_max = "16M", pods_chunk = "0";
   CLI::App* bench_pods = bench->add_subcommand(
       "pods",
-      "The hierarchical all-reduce across emulated pods beside one pool of the same ranks, with "
-      "each tier's time (pod steps, engine waits) and each tier alone");
+      "A hierarchical collective (all-reduce by default) across emulated pods beside one pool of "
+      "the same ranks, with each tier's time (pod steps, engine waits) and each tier alone");
   bench_pods->add_option("--pods", podsb.pods, "Emulated pods (each its own pool)")
       ->check(CLI::Range(1, 64));
   bench_pods->add_option("--ranks", podsb.ranks, "Ranks in all (pod p: ranks p*N/P ..)")
@@ -235,6 +235,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1000000));
   bench_pods->add_option("--chunk", pods_chunk, "Pipeline chunk (0: the default, 4 MiB)");
   bench_pods->add_option("--engine", podsb.engine, "Engine between pods (pool)");
+  bench_pods->add_option("--collective", podsb.collective,
+                         "allreduce, reducescatter, allgather, broadcast, reduce, alltoall");
   bench_pods->add_flag("--json", json, "One JSON object per size");
 
   bench::CeilingOptions ceiling;
