@@ -157,11 +157,14 @@ absl::Status MultiPodCommunicator::AllToAll(const void* send, void* recv, size_t
     const size_t N = m.n();
     std::vector<size_t> counts(N, count), displs(N);
     for (size_t j = 0; j < N; ++j) displs[j] = j * count;
-    std::vector<uint8_t> copy;
-    if (send == recv) {  // in place: the pieces go out from a copy
-      const auto* b = static_cast<const uint8_t*>(send);
-      copy.assign(b, b + N * count * SizeOf(type));
-      send = copy.data();
+    if (send == recv) {
+      // In place: the pieces go out from a copy, in the communicator's
+      // staging (it outlives an engine operation that an error leaves in
+      // flight until the engines are destroyed).
+      const size_t bytes = N * count * SizeOf(type);
+      uint8_t* copy = m.Scratch(0, bytes);
+      std::memcpy(copy, send, bytes);
+      send = copy;
     }
     return m.AllToAllV(send, counts, displs, recv, counts, displs, type);
   });
