@@ -12,6 +12,7 @@
 #include "bench/coll_bench.h"
 #include "bench/dma_bench.h"
 #include "bench/kv_bench.h"
+#include "bench/pods_bench.h"
 #include "bench/pool_bench.h"
 #include "cxlrt/runtime/knobs.h"
 #include "cxlrt/runtime/log.h"
@@ -258,6 +259,30 @@ int main(int argc, char** argv) {
                        "Buffers allocated in the pool (sends posted in place)");
   bench_a2av->add_flag("--json", json, "One JSON object per phase");
 
+  bench::PodsBenchOptions podsb;
+  std::string pods_min = "64K", pods_max = "16M", pods_chunk = "0";
+  CLI::App* bench_pods = bench->add_subcommand(
+      "pods",
+      "A hierarchical collective (all-reduce by default) across emulated pods beside one pool of "
+      "the same ranks, with each tier's time (pod steps, engine waits) and each tier alone");
+  bench_pods->add_option("--pods", podsb.pods, "Emulated pods (each its own pool)")
+      ->check(CLI::Range(1, 64));
+  bench_pods->add_option("--ranks", podsb.ranks, "Ranks in all (pod p: ranks p*N/P ..)")
+      ->check(CLI::Range(1, 64));
+  bench_pods->add_option("-b,--minbytes", pods_min, "Smallest size (B, K, M, G)");
+  bench_pods->add_option("-e,--maxbytes", pods_max, "Largest size");
+  bench_pods->add_option("-f,--stepfactor", podsb.factor, "Size multiplier per step")
+      ->check(CLI::Range(2, 1024));
+  bench_pods->add_option("-n,--iters", podsb.iters, "Timed iterations")
+      ->check(CLI::Range(1, 1000000));
+  bench_pods->add_option("-w,--warmup_iters", podsb.warmup, "Warm-up iterations")
+      ->check(CLI::Range(0, 1000000));
+  bench_pods->add_option("--chunk", pods_chunk, "Pipeline chunk (0: the default, 4 MiB)");
+  bench_pods->add_option("--engine", podsb.engine, "Engine between pods (pool)");
+  bench_pods->add_option("--collective", podsb.collective,
+                         "allreduce, reducescatter, allgather, broadcast, reduce, alltoall");
+  bench_pods->add_flag("--json", json, "One JSON object per size");
+
   bench::CeilingOptions ceiling;
   std::string ceiling_min = "64K", ceiling_max = "64M", ceiling_chunk = "1M";
   CLI::App* bench_ceiling = bench->add_subcommand(
@@ -401,6 +426,22 @@ int main(int argc, char** argv) {
     coll.max_bytes = *hi;
     coll.json = json;
     return bench::RunCollBench(coll);
+  }
+  if (*bench_pods) {
+    auto lo = runtime::ParseByteSize(pods_min, "-b");
+    auto hi = runtime::ParseByteSize(pods_max, "-e");
+    auto chunk = runtime::ParseByteSize(pods_chunk, "--chunk");
+    for (const auto* v : {&lo, &hi, &chunk}) {
+      if (!v->ok()) {
+        std::fprintf(stderr, "cxlrt bench pods: %s\n", std::string(v->status().message()).c_str());
+        return 2;
+      }
+    }
+    podsb.min_bytes = *lo;
+    podsb.max_bytes = *hi;
+    podsb.chunk_bytes = *chunk;
+    podsb.json = json;
+    return bench::RunPodsBench(podsb);
   }
   if (*bench_ceiling) {
     auto lo = runtime::ParseByteSize(ceiling_min, "-b");
