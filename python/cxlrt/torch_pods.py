@@ -14,8 +14,10 @@ The tiers, per group:
     one (pods may differ in size), as a Gloo (or NCCL) group;
   - cross: one Gloo (or NCCL) group of the whole group, for what moves
     between any two ranks of different pods: send/recv and all-to-all.
-  The engine's groups are made at the first call that needs them, per
-  device type, from the group's store (every member reaches that call).
+  The engine's groups are made from the group's store: Gloo's with the
+  group (a Gloo group connects its ranks as it is made, and a send
+  involves only two), NCCL's at the first CUDA call that needs them (NCCL
+  connects at first use).
 
 Composed here in Python, not in C++: the engine's groups are torch's own
 ProcessGroupGloo / ProcessGroupNCCL, which Python makes with their options
@@ -45,7 +47,7 @@ def inter_pod_engine(device: torch.device) -> str:
     """The engine between pods for tensors on `device`: CXLRT_TORCH_INTER_POD
     (auto, gloo or nccl; auto: Gloo for CPU tensors, NCCL for CUDA tensors
     where torch has NCCL, else Gloo)."""
-    want = os.environ.get("CXLRT_TORCH_INTER_POD", "auto").strip().lower() or "auto"
+    want = os.environ.get("CXLRT_TORCH_INTER_POD") or "auto"  # empty: unset
     if want not in ENGINES:
         raise ValueError(f"cxlrt: CXLRT_TORCH_INTER_POD={want!r}: expected one of "
                          f"{', '.join(ENGINES)}")
@@ -123,6 +125,12 @@ class PodsBackend(C10D.Backend):
         self._max = max(len(p) for p in pods)
         self._pod = pod_backend
         self._engines = {}  # (engine, "rail"|"cross") -> (group, its ranks' map)
+        # Gloo's groups (CPU tensors) now, while every rank is here: a Gloo
+        # group connects its ranks as it is made, and a send between two
+        # pods involves only two ranks of the cross group.
+        cpu = torch.device("cpu")
+        self._engine_group(cpu, "rail")
+        self._engine_group(cpu, "cross")
 
     def getBackendName(self):  # noqa: N802 (torch's name)
         return "cxlrt"
@@ -604,6 +612,28 @@ class PodsBackend(C10D.Backend):
             return group.send([t], peer, tag) if send else group.recv([t], peer, tag)
         except Exception as e:
             raise RuntimeError(f"cxlrt: [Rank {self._rank}] {what} between pods: {e}") from e
+
+    def recv_anysource(self, tensors, tag):
+        raise ValueError(f"cxlrt: [Rank {self._rank}] recv from any source is not supported in "
+                         f"a group across pods ({describe(self.pods)}): name the sender")
+
+    def allreduce_coalesced(self, tensors, opts):
+        """Tensors of one type and device reduced as one flat buffer."""
+        if not tensors:
+            return _work(tensors)
+        if any(t.dtype != tensors[0].dtype or t.device != tensors[0].device for t in tensors):
+            raise ValueError(f"cxlrt: [Rank {self._rank}] all_reduce_coalesced: tensors of "
+                             "more than one type or device")
+        op, avg = self._op(opts)
+        flat = torch.cat([t.contiguous().view(-1) for t in tensors])
+        self._allreduce_flat(flat, op)
+        if avg:
+            flat = flat / self._size if flat.is_floating_point() else flat // self._size
+        at = 0
+        for t in tensors:
+            t.copy_(flat[at:at + t.numel()].view_as(t))
+            at += t.numel()
+        return _work(tensors)
 
     def send(self, tensors, dst, tag):
         return self._p2p(True, tensors, dst, tag)

@@ -279,6 +279,17 @@ run_both("send/recv ring", ring,
          torch.cat([value((rank - 1) % n, 70_001, torch.float32),
                     value((rank + 1) % n, 5, torch.int64, salt=1).float()]))
 
+# A send between two pods while the other ranks do nothing.
+far = next((r for r in range(n) if PODS[r] != PODS[0]), None)
+if far is not None:
+    if rank == 0:
+        dist.send(value(0, 4099, torch.float64), far, tag=9)
+    elif rank == far:
+        got = torch.empty(4099, dtype=torch.float64, device=DEVICE)
+        dist.recv(got, 0, tag=9)
+        same("send/recv between two pods alone", got, value(0, 4099, torch.float64))
+    dist.barrier()
+
 # A subgroup across pods (every other rank) is hierarchical too.
 evens = list(range(0, n, 2))
 sub = dist.new_group(ranks=evens, backend="cxlrt", timeout=TIMEOUT)
@@ -296,9 +307,25 @@ if npods > 1:
     except (ValueError, RuntimeError) as e:
         assert "split sizes" in str(e), e
         checked.append("bad splits named")
+    try:
+        dist.recv(torch.empty(3, device=DEVICE))
+        raise AssertionError("recv from any source across pods succeeded")
+    except (ValueError, RuntimeError) as e:
+        assert "any source" in str(e), e
+        checked.append("recv from any source refused")
     t = value(rank, 10, torch.int64)
     dist.all_reduce(t)
     same("all_reduce after an error", t, sum(value(r, 10, torch.int64) for r in range(n)))
+
+# Coalesced all-reduce: several tensors of one type as one.
+def coalesced(g):
+    ts = [value(rank, c, torch.int64, salt=c) for c in (3, 1000, 1)]
+    with dist._coalescing_manager(group=g):
+        for t in ts:
+            dist.all_reduce(t, group=g)
+    return torch.cat(ts)
+run_both("all_reduce coalesced", coalesced,
+         torch.cat([sum(value(r, c, torch.int64, salt=c) for r in range(n)) for c in (3, 1000, 1)]))
 
 dist.barrier()
 print(f"rank {rank}: pods {PODS}: {len(checked)} checks passed ({DEVICE}, {COHERENCE})",
