@@ -59,18 +59,41 @@ def inter_pod_engine(device: torch.device) -> str:
     return want
 
 
+def _exchange(store, key: str, rank: int, size: int, text: str) -> list:
+    """Every rank's `text` (no control characters), in rank order, through
+    the store: one append and one read a rank (the store's server handles
+    O(size) requests, not O(size^2) as a key per rank read by every rank
+    would make); a store without append: a key per rank."""
+    try:
+        store.append(f"{key}list", f"{rank}\x1f{text}\x1e")
+    except (RuntimeError, NotImplementedError, AttributeError):
+        store.set(f"{key}one/{rank}", text)
+        return [text if r == rank else store.get(f"{key}one/{r}").decode() for r in range(size)]
+    if store.add(f"{key}count", 1) == size:
+        store.set(f"{key}done", "1")
+    store.wait([f"{key}done"])  # the store's timeout
+    got = {}
+    for rec in store.get(f"{key}list").decode().split("\x1e"):
+        if rec:
+            r, t = rec.split("\x1f", 1)
+            got[int(r)] = t
+    if sorted(got) != list(range(size)):
+        raise RuntimeError(f"cxlrt: [Rank {rank}] learning the pods: the store holds entries "
+                           f"of ranks {sorted(got)}, not 0..{size - 1}")
+    return [got[r] for r in range(size)]
+
+
 def discover(store, rank: int, size: int, uri: str, pool_identity, create_pool):
     """Every rank's pod, learned through the group's store: (pods, made)
     where pods lists each pod's group ranks (ordered as above) and made
     counts this making of the group's keys. The lowest rank of each
     (host, pool URI) makes the pool when it does not exist (create_pool);
     the pools' creation_ids are read only when the ranks do not all name
-    one pool on one host (then they are one pod, at no cost)."""
+    one pool on one host (then they are one pod: no pool is opened here)."""
     made = (store.add("cxlrt/pods/made", 1) - 1) // size
     key = f"cxlrt/pods/{made}/"
-    where = f"{socket.gethostname()}\n{uri}"
-    store.set(f"{key}where/{rank}", where)
-    wheres = [where if r == rank else store.get(f"{key}where/{r}").decode() for r in range(size)]
+    where = f"{socket.gethostname()}\x1d{uri}"
+    wheres = _exchange(store, f"{key}where/", rank, size, where)
     creator = wheres.index(where)
     if rank == creator:
         create_pool(uri)
@@ -79,9 +102,7 @@ def discover(store, rank: int, size: int, uri: str, pool_identity, create_pool):
         store.get(f"{key}ready/{creator}")  # waits (the store's timeout) for its maker
     if all(w == where for w in wheres):
         return [list(range(size))], made
-    ident = pool_identity(uri)
-    store.set(f"{key}id/{rank}", ident)
-    ids = [ident if r == rank else store.get(f"{key}id/{r}").decode() for r in range(size)]
+    ids = _exchange(store, f"{key}id/", rank, size, pool_identity(uri))
     pods: dict = {}
     for r, i in enumerate(ids):  # dicts keep insertion order: by lowest rank
         pods.setdefault(i, []).append(r)
@@ -265,6 +286,7 @@ class PodsBackend(C10D.Backend):
 
     def allreduce(self, tensors, opts):
         t = _one(tensors, "all_reduce")
+        inter_pod_engine(t.device)  # before any tier: a bad knob fails every rank alike
         op, avg = self._op(opts)
         self._in_place(t, lambda f: self._allreduce_flat(f, op))
         if avg:
@@ -293,6 +315,7 @@ class PodsBackend(C10D.Backend):
 
     def broadcast(self, tensors, opts):
         t = _one(tensors, "broadcast")
+        inter_pod_engine(t.device)
         self._in_place(t, lambda f: self._bcast_flat(f, opts.rootRank))
         return _work(tensors)
 
@@ -307,6 +330,7 @@ class PodsBackend(C10D.Backend):
 
     def reduce(self, tensors, opts):
         t = _one(tensors, "reduce")
+        inter_pod_engine(t.device)
         op, avg = self._op(opts)
         root = opts.rootRank
         q, j = self._where[root]
@@ -370,6 +394,7 @@ class PodsBackend(C10D.Backend):
 
     def allgather(self, outputs, inputs, opts):
         x = _one(inputs, "all_gather").contiguous().view(-1)
+        inter_pod_engine(x.device)
         got = self._gather_all(x)
         for r, o in enumerate(_outs(outputs, self._size, "all_gather")):
             o.copy_(got[r].view_as(o))
@@ -377,6 +402,7 @@ class PodsBackend(C10D.Backend):
 
     def all_gather_single(self, output, input, opts):  # noqa: A002 (torch's name)
         x = input.contiguous().view(-1)
+        inter_pod_engine(x.device)
         if output.numel() != self._size * x.numel():
             raise ValueError(f"cxlrt: [Rank {self._rank}] all_gather_into_tensor: the output "
                              f"holds {output.numel()} elements, not {self._size} x "
@@ -400,6 +426,7 @@ class PodsBackend(C10D.Backend):
 
     def reduce_scatter(self, outputs, inputs, opts):
         out = _one(outputs, "reduce_scatter")
+        inter_pod_engine(out.device)
         ins = _outs(inputs, self._size, "reduce_scatter")
         op, avg = self._op(opts)
         flat = torch.cat([i.contiguous().view(-1) for i in ins])
@@ -408,6 +435,7 @@ class PodsBackend(C10D.Backend):
 
     def reduce_scatter_single(self, output, input, opts):  # noqa: A002
         op, avg = self._op(opts)
+        inter_pod_engine(output.device)
         if input.numel() != self._size * output.numel():
             raise ValueError(f"cxlrt: [Rank {self._rank}] reduce_scatter_tensor: the input "
                              f"holds {input.numel()} elements, not {self._size} x "
@@ -419,6 +447,7 @@ class PodsBackend(C10D.Backend):
         """Gathered in the pod at local rank 0, the pods' blocks (padded to
         the largest pod) over rail 0 to the root's pod, then to the root."""
         x = _one(inputs, "gather").contiguous().view(-1)
+        inter_pod_engine(x.device)
         root = opts.rootRank
         q, j = self._where[root]
         c = x.numel()
@@ -453,6 +482,7 @@ class PodsBackend(C10D.Backend):
         pod's local rank 0 (a block padded to the largest pod), scattered in
         the pod."""
         out = _one(outputs, "scatter")
+        inter_pod_engine(out.device)
         root = opts.rootRank
         q, j = self._where[root]
         c = out.numel()
@@ -486,13 +516,18 @@ class PodsBackend(C10D.Backend):
         return _work(outputs)
 
     def barrier(self, opts):
-        """In the pod, over rail 0, in the pod again: no rank leaves before
-        every rank has come."""
-        dev = torch.device("cpu")
+        """In the pod, over rail 0 (always Gloo's, made with the group: a
+        barrier has no tensor, whatever the engine knob says), in the pod
+        again: no rank leaves before every rank has come."""
         self._on_pod("barrier", lambda b: b.barrier(C10D.BarrierOptions()))
         if self.local == 0 and len(self.pods) > 1:
-            self._inter("rail", "barrier", dev,
-                        lambda g, r: g.allreduce([torch.zeros(1)], C10D.AllreduceOptions()))
+            group, _ = self._engines[("gloo", "rail")]
+            try:
+                group.allreduce([torch.zeros(1)], C10D.AllreduceOptions()).wait()
+            except Exception as e:
+                self._abort()
+                raise RuntimeError(f"cxlrt: [Rank {self._rank}] barrier between pods (gloo, "
+                                   f"rail): {e}") from e
         self._on_pod("barrier", lambda b: b.barrier(C10D.BarrierOptions()))
         return _work([])
 
@@ -547,6 +582,7 @@ class PodsBackend(C10D.Backend):
 
     def all_to_all_single(self, output, input, output_splits, input_splits, opts):  # noqa: A002
         n = self._size
+        inter_pod_engine(input.device)
         rows_in = input.shape[0] if input.dim() else 1
         rows_out = output.shape[0] if output.dim() else 1
         row_in = input.numel() // rows_in if rows_in else 0
@@ -576,6 +612,7 @@ class PodsBackend(C10D.Backend):
         outs = _outs([outputs], self._size, "all_to_all")
         ins = _outs([inputs], self._size, "all_to_all")
         dtype = ins[0].dtype
+        inter_pod_engine(ins[0].device)
         if any(t.dtype != dtype for t in list(ins) + list(outs)):
             raise ValueError(f"cxlrt: [Rank {self._rank}] all_to_all: tensors of more than "
                              "one element type")
@@ -625,6 +662,7 @@ class PodsBackend(C10D.Backend):
             raise ValueError(f"cxlrt: [Rank {self._rank}] all_reduce_coalesced: tensors of "
                              "more than one type or device")
         op, avg = self._op(opts)
+        inter_pod_engine(tensors[0].device)
         flat = torch.cat([t.contiguous().view(-1) for t in tensors])
         self._allreduce_flat(flat, op)
         if avg:

@@ -313,6 +313,17 @@ if npods > 1:
     except (ValueError, RuntimeError) as e:
         assert "any source" in str(e), e
         checked.append("recv from any source refused")
+    # The engine knob: a bad value, and NCCL asked to carry CPU tensors.
+    for engine, words in (("mpi", "expected one of"), ("nccl", "CUDA tensors only")):
+        os.environ["CXLRT_TORCH_INTER_POD"] = engine
+        try:
+            dist.all_reduce(torch.ones(4))
+            raise AssertionError(f"CXLRT_TORCH_INTER_POD={engine}: all_reduce succeeded")
+        except (ValueError, RuntimeError) as e:
+            assert "CXLRT_TORCH_INTER_POD" in str(e) and words in str(e), e
+            checked.append(f"CXLRT_TORCH_INTER_POD={engine} refused")
+        finally:
+            del os.environ["CXLRT_TORCH_INTER_POD"]
     t = value(rank, 10, torch.int64)
     dist.all_reduce(t)
     same("all_reduce after an error", t, sum(value(r, 10, torch.int64) for r in range(n)))
