@@ -25,7 +25,8 @@ python -m cxlrt.bench torchpods: the backend across pods (docs/python.md,
 "Across pods"): all_reduce of a group of P emulated pods x K ranks (a pool
 per pod, Gloo between pods), beside flat Gloo over the same ranks and a
 cxlrt group of the same ranks in one pool holding them all, in the same
-processes: busbw and the ratios hier/gloo and hier/one-pool.
+processes: busbw and the ratios hier/gloo and hier/one-pool, and
+hier/nopipe: the same group with its all-reduce's pipeline off.
 
 python -m cxlrt.bench startup: what a group costs to start. Fresh
 processes (2 and 4 ranks) time init_process_group plus a first all_reduce
@@ -335,11 +336,14 @@ def _torchpods_rank(rank, world, per_pod, sizes, iters, reps, warmup, init, tag,
     # The same ranks in one pool (every rank names it: one pod).
     os.environ["CXLRT_POOL"] = f"emu://pods-bench-{tag}-all?size=1G&reserve=lazy"
     one = dist.new_group(backend="cxlrt")
+    segments = torch_pods.PIPELINE_SEGMENTS
     rows = []
     for nbytes in sizes:
         t = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
         row = {"bytes": nbytes}
-        for name, group in (("hier", None), ("gloo", gloo), ("onepool", one)):
+        for name, group in (("hier", None), ("nopipe", None), ("gloo", gloo), ("onepool", one)):
+            # nopipe: the same group with its all-reduce's pipeline off.
+            torch_pods.PIPELINE_SEGMENTS = 1 if name == "nopipe" else segments
             for _ in range(warmup):
                 dist.all_reduce(t, group=group)
             samples = []
@@ -391,6 +395,7 @@ def bench_torchpods(pods: int, per_pod: int, lo: int, hi: int, iters: int, reps:
         r["memcpy_gbps"] = memcpy
         r["hier_over_gloo"] = r["hier_busbw_gbps"] / r["gloo_busbw_gbps"]
         r["hier_over_onepool"] = r["hier_busbw_gbps"] / r["onepool_busbw_gbps"]
+        r["hier_over_nopipe"] = r["hier_busbw_gbps"] / r["nopipe_busbw_gbps"]
     if as_json:
         for r in rows:
             print(json.dumps(r))
@@ -399,14 +404,16 @@ def bench_torchpods(pods: int, per_pod: int, lo: int, hi: int, iters: int, reps:
           f"ranks (Gloo between pods) beside flat Gloo and one pool of the {world} ranks; "
           f"medians of {reps} batches of {iters} calls; this machine's memcpy (numpy, 64 MiB): "
           f"{memcpy:.2f} GB/s")
-    print("%10s %11s %11s %11s %10s %12s %9s %9s %10s" % (
-        "bytes", "hier busbw", "gloo busbw", "1pool busbw", "hier/gloo", "hier/1pool",
-        "hier us", "gloo us", "1pool us"))
+    print("# nopipe: the same hierarchical group with its all-reduce's pipeline off "
+          "(torch_pods.PIPELINE_SEGMENTS = 1)")
+    print("%10s %11s %11s %11s %11s %10s %12s %12s %9s %9s %10s" % (
+        "bytes", "hier busbw", "nopipe bbw", "gloo busbw", "1pool busbw", "hier/gloo",
+        "hier/1pool", "hier/nopipe", "hier us", "gloo us", "1pool us"))
     for r in rows:
-        print("%10d %11.3f %11.3f %11.3f %10.2f %12.2f %9.1f %9.1f %10.1f" % (
-            r["bytes"], r["hier_busbw_gbps"], r["gloo_busbw_gbps"], r["onepool_busbw_gbps"],
-            r["hier_over_gloo"], r["hier_over_onepool"], r["hier_us"], r["gloo_us"],
-            r["onepool_us"]))
+        print("%10d %11.3f %11.3f %11.3f %11.3f %10.2f %12.2f %12.2f %9.1f %9.1f %10.1f" % (
+            r["bytes"], r["hier_busbw_gbps"], r["nopipe_busbw_gbps"], r["gloo_busbw_gbps"],
+            r["onepool_busbw_gbps"], r["hier_over_gloo"], r["hier_over_onepool"],
+            r["hier_over_nopipe"], r["hier_us"], r["gloo_us"], r["onepool_us"]))
     return 0
 
 

@@ -41,6 +41,11 @@ ENGINES = ("auto", "gloo", "nccl")
 # scatter to or from a root that is not its pod's local rank 0): apart from
 # the tags programs use.
 _MOVE_TAG = (1 << 30) + 28
+# The all-reduce's pipeline (PodsBackend._allreduce_flat): segments of at
+# least PIPELINE_BYTES, at most PIPELINE_SEGMENTS of them (1: none). Read
+# at each call; every rank of a group must see the same values.
+PIPELINE_BYTES = 1 << 20
+PIPELINE_SEGMENTS = 4
 
 
 def inter_pod_engine(device: torch.device) -> str:
@@ -241,38 +246,99 @@ class PodsBackend(C10D.Backend):
             raise ValueError(f"cxlrt: [Rank {self._rank}] reduce op {op} is not supported across pods")
         return op, False
 
+    def _rail_start(self, what: str, t: torch.Tensor, call):
+        """Starts call(group, tensor) -> Work on my rail with `t`, not
+        waiting; returns what finishes it (waits, and under Gloo for a CUDA
+        tensor copies the CPU copy back)."""
+        device = t.device
+        group, _ = self._engine_group(device, "rail")
+        host = t.cpu() if self._staged(t) else t
+
+        def fail(e):
+            self._abort()
+            return RuntimeError(f"cxlrt: [Rank {self._rank}] {what} between pods "
+                                f"({inter_pod_engine(device)}, rail): {e}")
+
+        try:
+            work = call(group, host)
+        except Exception as e:
+            raise fail(e) from e
+
+        def finish():
+            try:
+                _wait(work)
+            except Exception as e:
+                raise fail(e) from e
+            if host is not t:
+                t.copy_(host)
+        return finish
+
+    def _segments(self, n: int, itemsize: int):
+        """The pipeline's segments of an all-reduce of n elements: up to
+        PIPELINE_SEGMENTS of at least PIPELINE_BYTES each (one below
+        that)."""
+        k = max(1, min(PIPELINE_SEGMENTS, n * itemsize // PIPELINE_BYTES))
+        step = -(-n // k)
+        return [(lo, min(n, lo + step)) for lo in range(0, n, step)]
+
     def _allreduce_flat(self, flat: torch.Tensor, op) -> None:
         """All-reduce of a contiguous 1-D tensor in place: reduce-scatter in
         the pod, all-reduce of each shard over its rail, all-gather in the
         pod. The shards are the smallest pod's: ceil(n / smallest) elements
         each, so that rails 0 .. smallest-1 span every pod; a larger pod's
         extra ranks hold padding shards (the cost: a pod of s ranks moves
-        s / smallest times the tensor in its two pod steps)."""
+        s / smallest times the tensor in its two pod steps).
+
+        Pipelined by segments (_segments): segment k's step over the rail
+        runs in the engine's threads while this thread runs the pod's steps
+        of segments k + 1 (reduce-scatter) and k - 1 (all-gather). Every
+        rank of a pod runs the pod's steps in one order: RS 0, RS 1, AG 0,
+        RS 2, AG 1, ..."""
         n = flat.numel()
         if n == 0:
             return
-        c = -(-n // self._min)
-        whole = c * self.pod_size
-        buf = flat if whole == n else torch.zeros(whole, dtype=flat.dtype, device=flat.device)
-        if buf is not flat:
-            buf[:n].copy_(flat)
-        shard = torch.empty(c, dtype=flat.dtype, device=flat.device)
-        if self.pod_size == 1:
-            shard.copy_(buf)
         ro = C10D.ReduceScatterOptions()
         ro.reduceOp = op
-        self._on_pod("all_reduce (reduce-scatter)",
-                     lambda b: b._reduce_scatter_base(shard, buf, ro))
-        if self.local < self._min and len(self.pods) > 1:
-            ao = C10D.AllreduceOptions()
-            ao.reduceOp = op
-            self._rail("all_reduce", shard, lambda g, r, x: g.allreduce([x], ao))
-        if self.pod_size == 1:
-            buf.copy_(shard)
-        self._on_pod("all_reduce (all-gather)",
-                     lambda b: b._allgather_base(buf, shard, C10D.AllgatherOptions()))
-        if buf is not flat:
-            flat.copy_(buf[:n])
+        ao = C10D.AllreduceOptions()
+        ao.reduceOp = op
+        on_rail = self.local < self._min and len(self.pods) > 1
+
+        def start(lo, hi):
+            sub = flat[lo:hi]
+            m = hi - lo
+            c = -(-m // self._min)
+            whole = c * self.pod_size
+            buf = sub if whole == m else torch.zeros(whole, dtype=sub.dtype, device=sub.device)
+            if buf is not sub:
+                buf[:m].copy_(sub)
+            shard = torch.empty(c, dtype=sub.dtype, device=sub.device)
+            if self.pod_size == 1:
+                shard.copy_(buf)
+            self._on_pod("all_reduce (reduce-scatter)",
+                         lambda b: b._reduce_scatter_base(shard, buf, ro))
+            finish = None
+            if on_rail:
+                finish = self._rail_start("all_reduce", shard,
+                                          lambda g, x: g.allreduce([x], ao))
+            return sub, buf, shard, finish
+
+        def end(sub, buf, shard, finish):
+            if finish is not None:
+                finish()
+            if self.pod_size == 1:
+                buf.copy_(shard)
+            self._on_pod("all_reduce (all-gather)",
+                         lambda b: b._allgather_base(buf, shard, C10D.AllgatherOptions()))
+            if buf is not sub:
+                sub.copy_(buf[:sub.numel()])
+
+        pending = []
+        for lo, hi in self._segments(n, flat.element_size()):
+            pending.append(start(lo, hi))
+            if len(pending) > 1:
+                end(*pending.pop(0))
+        while pending:
+            end(*pending.pop(0))
 
     def _in_place(self, t: torch.Tensor, fn) -> None:
         """fn(flat) on a contiguous 1-D view of t (a copy when t is not

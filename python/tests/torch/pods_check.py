@@ -127,6 +127,16 @@ for dtype in (torch.float32, torch.int64, torch.bfloat16, torch.int8, torch.floa
                 return t
             run_both(f"all_reduce {dtype} {count} {op}", all_reduce)
 
+# Large enough for the all-reduce's pipeline (segments of 1 MiB or more,
+# 4 at most: torch_pods.PIPELINE_*), of a count no pod size divides.
+for dtype, count in ((torch.float32, 1_000_003), (torch.int64, 700_001)):
+    for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX):
+        def all_reduce_big(g, op=op, dtype=dtype, count=count):
+            t = value(rank, count, dtype)
+            dist.all_reduce(t, op=op, group=g)
+            return t
+        run_both(f"all_reduce pipelined {dtype} {count} {op}", all_reduce_big)
+
 # A tensor that is not contiguous (a column of a matrix; Gloo reduces the
 # wrong elements of one: a reference here), and an empty one.
 def all_reduce_strided(g):
