@@ -11,10 +11,12 @@ rank); every other rank's next all-reduce must fail within
 CXLRT_TORCH_PODS_BOUND_S seconds of the death (the groups' timeout is
 CXLRT_TORCH_CHECK_TIMEOUT_S), and the rank writes how long it took to
 CXLRT_TORCH_PODS_OUT/<rank> (torchrun ends the other ranks when one
-exits, so the kill case runs under kill_check's own launcher)."""
+exits, so the kill case runs under pods_kill_check.py's own launcher).
+CXLRT_TORCH_PODS_COHERENCE: the pools' coherence domain (hardware, or
+simulated: non-coherent caches modelled). CXLRT_TORCH_CHECK_DEVICE=cuda:
+cxlrt's tensors are CUDA tensors (never run: docs/python.md)."""
 
 import os
-import sys
 import time
 from datetime import timedelta
 
