@@ -79,9 +79,14 @@ if KILL is not None:
     dist.all_reduce(t)
     same("all_reduce before the death", t, sum(value(r, 1000, torch.float32) for r in range(n)))
     dist.barrier()
+    # The victim leaves once every rank is out of the barrier (its last
+    # bytes read: a process that exits with bytes unread resets its TCP
+    # connections, which could fail a peer's barrier instead of the call
+    # timed below).
+    time.sleep(0.5)
     if rank == int(KILL):
         os._exit(3)
-    time.sleep(0.5)  # the rank is gone
+    time.sleep(1.0)  # the rank is gone
     start = time.monotonic()
     try:
         for _ in range(3):
