@@ -7,7 +7,7 @@ Run under torchrun with CXLRT_TORCH_PODS naming each rank's pod ("0,0,1,1":
 2 pods x 2 ranks; "0,1,1,0,1": 2 + 3, interleaved): rank r's CXLRT_POOL is
 the emulated pool of pod CXLRT_TORCH_PODS[r] (made by the pod's lowest
 rank). CXLRT_TORCH_PODS_KILL=r: after one all-reduce, rank r exits (a dead
-rank); every other rank's next all-reduce must fail within
+rank); every other rank's next all-reduce (8 MB: pipelined) must fail within
 CXLRT_TORCH_PODS_BOUND_S seconds of the death (the groups' timeout is
 CXLRT_TORCH_CHECK_TIMEOUT_S), and the rank writes how long it took to
 CXLRT_TORCH_PODS_OUT/<rank> (torchrun ends the other ranks when one
@@ -88,9 +88,10 @@ if KILL is not None:
         os._exit(3)
     time.sleep(1.0)  # the rank is gone
     start = time.monotonic()
+    big = value(rank, 2_000_003, torch.float32)  # 8 MB: the pipeline's 4 segments in flight
     try:
         for _ in range(3):
-            dist.all_reduce(t)
+            dist.all_reduce(big)
         raise AssertionError(f"rank {rank}: all_reduce with rank {KILL} dead succeeded")
     except RuntimeError as e:
         took = time.monotonic() - start
