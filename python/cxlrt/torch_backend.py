@@ -6,7 +6,11 @@ NCCL's are). Importing this module registers it:
     torch.distributed.init_process_group("cxlrt")   # under torchrun
 
 The pool is CXLRT_POOL, else an emulated pool named after the job's
-MASTER_PORT (rank 0 makes it when it does not exist). The C++ backend
+MASTER_PORT (the lowest rank of each host and pool makes it when it does
+not exist). A group whose ranks map more than one pool runs across pods
+(torch_pods.py: the pool inside each pod, Gloo or NCCL between pods;
+docs/python.md, "Across pods"); a group of one pool is the C++ backend
+alone, as before. The C++ backend
 (a c10d::Backend subclass, python/csrc/torch_backend/) is compiled ahead
 of time by the project's build (or pip's) into the package as
 cxlrt_torch_backend, against one torch version (_torch_build.py); importing
