@@ -147,6 +147,12 @@ const Knob<std::string> kTorchBuildVerbose(
     {"CXLRT_TORCH_BUILD_VERBOSE", "",
      "Not empty: the CXLRT_TORCH_JIT build prints its compiler commands."},
     "", AnyText());
+const Knob<std::string> kTorchInterPod(
+    {"CXLRT_TORCH_INTER_POD", "auto",
+     "The engine between pods of the torch backend's groups that span several pools: auto "
+     "(Gloo for CPU tensors, NCCL for CUDA tensors), gloo or nccl; docs/python.md, \"Across "
+     "pods\"."},
+    "auto", OneOf({"auto", "gloo", "nccl"}));
 }  // namespace
 
 KnobParser<uint32_t> UintIn(uint32_t lo, uint32_t hi) {

@@ -206,7 +206,8 @@ KnobParser<bool> OneIsOn();
 
 // Knobs of the Python package (python/), declared in the registry so that
 // `cxlrt doctor` and the README list them with the rest. The package's
-// Python code reads CXLRT_TORCH_JIT and CXLRT_TORCH_BUILD_VERBOSE itself.
+// Python code reads CXLRT_TORCH_JIT, CXLRT_TORCH_BUILD_VERBOSE and
+// CXLRT_TORCH_INTER_POD itself.
 extern const Knob<bool>
     kTorchAsync;  // CXLRT_TORCH_ASYNC, read by python/csrc/torch_backend/backend.h
 

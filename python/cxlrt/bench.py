@@ -21,6 +21,13 @@ asks for at most 2 from 8 B to 64 KiB: `-b 8 -e 64K`); no-FR/fake the same
 for a cxlrt group without the flight-recorder hook torch attaches to
 out-of-tree backends.
 
+python -m cxlrt.bench torchpods: the backend across pods (docs/python.md,
+"Across pods"): all_reduce of a group of P emulated pods x K ranks (a pool
+per pod, Gloo between pods), beside flat Gloo over the same ranks and a
+cxlrt group of the same ranks in one pool holding them all, in the same
+processes: busbw and the ratios hier/gloo and hier/one-pool, and
+hier/nopipe: the same group with its all-reduce's pipeline off.
+
 python -m cxlrt.bench startup: what a group costs to start. Fresh
 processes (2 and 4 ranks) time init_process_group plus a first all_reduce
 (and, for cxlrt, importing cxlrt.torch_backend, which loads the backend's
@@ -311,6 +318,105 @@ def bench_torch(lo: int, hi: int, iters: int, reps: int, warmup: int, as_json: b
     return 0
 
 
+# --- python -m cxlrt.bench torchpods
+
+
+def _torchpods_rank(rank, world, per_pod, sizes, iters, reps, warmup, init, tag, q):
+    import torch
+    import torch.distributed as dist
+
+    from . import torch_backend, torch_pods
+
+    torch.set_num_threads(1)
+    os.environ["CXLRT_POOL"] = f"emu://pods-bench-{tag}-{rank // per_pod}?size=1G&reserve=lazy"
+    dist.init_process_group("cxlrt", init_method=init, rank=rank, world_size=world)
+    hier_backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    assert isinstance(hier_backend, torch_pods.PodsBackend), type(hier_backend)
+    gloo = dist.new_group(backend="gloo")
+    # The same ranks in one pool (every rank names it: one pod).
+    os.environ["CXLRT_POOL"] = f"emu://pods-bench-{tag}-all?size=1G&reserve=lazy"
+    one = dist.new_group(backend="cxlrt")
+    segments = torch_pods.PIPELINE_SEGMENTS
+    rows = []
+    for nbytes in sizes:
+        t = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
+        row = {"bytes": nbytes}
+        for name, group in (("hier", None), ("nopipe", None), ("gloo", gloo), ("onepool", one)):
+            # nopipe: the same group with its all-reduce's pipeline off.
+            torch_pods.PIPELINE_SEGMENTS = 1 if name == "nopipe" else segments
+            for _ in range(warmup):
+                dist.all_reduce(t, group=group)
+            samples = []
+            for _ in range(reps):
+                dist.barrier(group=group)
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    dist.all_reduce(t, group=group)
+                samples.append((time.perf_counter() - t0) / iters)
+            s = torch.tensor([statistics.median(samples)], dtype=torch.float64)
+            dist.all_reduce(s, op=dist.ReduceOp.MAX, group=gloo)  # the slowest rank
+            row[name + "_us"] = s.item() * 1e6
+            row[name + "_busbw_gbps"] = nbytes / s.item() / 1e9 * 2 * (world - 1) / world
+        rows.append(row)
+    if rank == 0:
+        q.put(rows)
+    dist.destroy_process_group()
+    torch_backend._destroy_made_pools()  # the pools this rank made
+
+
+def bench_torchpods(pods: int, per_pod: int, lo: int, hi: int, iters: int, reps: int,
+                    warmup: int, as_json: bool) -> int:
+    import tempfile
+
+    import torch.multiprocessing as tmp
+
+    sizes = []
+    b = lo
+    while b <= hi:
+        sizes.append(b)
+        b *= 4
+    world = pods * per_pod
+    memcpy = _memcpy_gbps()
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    with tempfile.TemporaryDirectory() as d:
+        init = f"file://{d}/rendezvous"
+        ctx = tmp.get_context("spawn")
+        q = ctx.Queue()
+        procs = [ctx.Process(target=_torchpods_rank,
+                             args=(r, world, per_pod, sizes, iters, reps, warmup, init,
+                                   os.getpid(), q))
+                 for r in range(world)]
+        for p in procs:
+            p.start()
+        rows = q.get(timeout=1800)
+        for p in procs:
+            p.join(60)
+    for r in rows:
+        r["memcpy_gbps"] = memcpy
+        r["hier_over_gloo"] = r["hier_busbw_gbps"] / r["gloo_busbw_gbps"]
+        r["hier_over_onepool"] = r["hier_busbw_gbps"] / r["onepool_busbw_gbps"]
+        r["hier_over_nopipe"] = r["hier_busbw_gbps"] / r["nopipe_busbw_gbps"]
+    if as_json:
+        for r in rows:
+            print(json.dumps(r))
+        return 0
+    print(f"# python -m cxlrt.bench torchpods: all_reduce of float32, {pods} pods x {per_pod} "
+          f"ranks (Gloo between pods) beside flat Gloo and one pool of the {world} ranks; "
+          f"medians of {reps} batches of {iters} calls; this machine's memcpy (numpy, 64 MiB): "
+          f"{memcpy:.2f} GB/s")
+    print("# nopipe: the same hierarchical group with its all-reduce's pipeline off "
+          "(torch_pods.PIPELINE_SEGMENTS = 1)")
+    print("%10s %11s %11s %11s %11s %10s %12s %12s %9s %9s %10s" % (
+        "bytes", "hier busbw", "nopipe bbw", "gloo busbw", "1pool busbw", "hier/gloo",
+        "hier/1pool", "hier/nopipe", "hier us", "gloo us", "1pool us"))
+    for r in rows:
+        print("%10d %11.3f %11.3f %11.3f %11.3f %10.2f %12.2f %12.2f %9.1f %9.1f %10.1f" % (
+            r["bytes"], r["hier_busbw_gbps"], r["nopipe_busbw_gbps"], r["gloo_busbw_gbps"],
+            r["onepool_busbw_gbps"], r["hier_over_gloo"], r["hier_over_onepool"],
+            r["hier_over_nopipe"], r["hier_us"], r["gloo_us"], r["onepool_us"]))
+    return 0
+
+
 # --- python -m cxlrt.bench startup
 
 
@@ -432,6 +538,16 @@ def main(argv=None) -> int:
                          "for, which on a loaded machine is most of a small call)")
     tb.add_argument("-w", "--warmup", type=int, default=5)
     tb.add_argument("--json", action="store_true")
+    tp = sub.add_parser("torchpods", help="torch.distributed all_reduce across emulated pods: "
+                                          "beside flat Gloo and one pool")
+    tp.add_argument("--pods", type=int, default=2)
+    tp.add_argument("--per-pod", type=int, default=2, help="ranks of each pod")
+    tp.add_argument("-b", "--minbytes", default="4K")
+    tp.add_argument("-e", "--maxbytes", default="16M")
+    tp.add_argument("-n", "--iters", type=int, default=10, help="calls per batch")
+    tp.add_argument("-r", "--reps", type=int, default=5, help="batches (the median is shown)")
+    tp.add_argument("-w", "--warmup", type=int, default=3)
+    tp.add_argument("--json", action="store_true")
     st = sub.add_parser("startup", help="torch group start-up: cxlrt beside Gloo")
     st.add_argument("--ranks", default="2,4", help="world sizes")
     st.add_argument("--runs", type=int, default=3)
@@ -439,6 +555,9 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.what == "startup":
         return bench_startup([int(n) for n in a.ranks.split(",")], a.runs, a.json)
+    if a.what == "torchpods":
+        return bench_torchpods(a.pods, a.per_pod, _bytes(a.minbytes), _bytes(a.maxbytes),
+                               a.iters, a.reps, a.warmup, a.json)
     if a.what == "torch":
         return bench_torch(_bytes(a.minbytes), _bytes(a.maxbytes), a.iters, a.reps, a.warmup,
                            a.json, a.ranks)

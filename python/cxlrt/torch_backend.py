@@ -6,7 +6,11 @@ NCCL's are). Importing this module registers it:
     torch.distributed.init_process_group("cxlrt")   # under torchrun
 
 The pool is CXLRT_POOL, else an emulated pool named after the job's
-MASTER_PORT (rank 0 makes it when it does not exist). The C++ backend
+MASTER_PORT (the lowest rank of each host and pool makes it when it does
+not exist). A group whose ranks map more than one pool runs across pods
+(torch_pods.py: the pool inside each pod, Gloo or NCCL between pods;
+docs/python.md, "Across pods"); a group of one pool is the C++ backend
+alone, as before. The C++ backend
 (a c10d::Backend subclass, python/csrc/torch_backend/) is compiled ahead
 of time by the project's build (or pip's) into the package as
 cxlrt_torch_backend, against one torch version (_torch_build.py); importing
@@ -25,7 +29,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from . import AlreadyExistsError, Error, Pool
+from . import AlreadyExistsError, Error, Pool, torch_pods
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _REBUILD = ("build it with `cmake --build build --target cxlrt_torch_backend` (CMake finds "
@@ -117,20 +121,35 @@ def _destroy_made_pools() -> None:
             pass
 
 
+def _create_pool(uri: str) -> None:
+    # The pool a group's rank makes when it does not exist (torch_pods.discover
+    # picks the rank: the lowest of each host and pool URI).
+    try:
+        Pool.create(uri)
+        if not _made:
+            atexit.register(_destroy_made_pools)
+        _made.add(uri)
+    except AlreadyExistsError:
+        pass  # CXLRT_POOL names a pool made before the job
+
+
 def _create(opts, backend_options=None):
     # torch's extended plugin API: opts carries the group's store, rank,
     # size, timeout and torch's own ProcessGroup object for the group.
-    rank = opts.group_rank
+    rank, size = opts.group_rank, opts.group_size
     uri = pool_uri()
-    if rank == 0:
-        try:
-            Pool.create(uri)
-            if not _made:
-                atexit.register(_destroy_made_pools)
-            _made.add(uri)
-        except AlreadyExistsError:
-            pass  # CXLRT_POOL names a pool made before the job
-    backend = _extension().create(opts.store, rank, opts.group_size, opts.timeout, uri)
+    pods, made = torch_pods.discover(opts.store, rank, size, uri, _ext.pool_identity,
+                                     _create_pool)
+    if len(pods) == 1:
+        # One pod: today's backend, as it was.
+        backend = _extension().create(opts.store, rank, size, opts.timeout, uri)
+        return _named_group(opts, backend)
+    # Several pods (docs/python.md, "Across pods"): the pod's backend over a
+    # store of its own, and the engine's groups between pods.
+    q = next(i for i, p in enumerate(pods) if rank in p)
+    pod_store = dist.PrefixStore(f"cxlrt/pods/{made}/pod{q}/", opts.store)
+    pod = _extension().create(pod_store, pods[q].index(rank), len(pods[q]), opts.timeout, uri)
+    backend = torch_pods.PodsBackend(opts.store, rank, size, opts.timeout, pods, made, pod)
     return _named_group(opts, backend)
 
 

@@ -68,6 +68,7 @@ const Env& GoodValues() {
       {"CXLRT_CUDA_DOORBELL", "copy"},   {"CXLRT_SIM_STALE_WRITEBACK", "allow"},
       {"CXLRT_TEST_BOOT_ID", "boot-2"},  {"CXLRT_TORCH_ASYNC", "1"},
       {"CXLRT_TORCH_JIT", "1"},          {"CXLRT_TORCH_BUILD_VERBOSE", "1"},
+      {"CXLRT_TORCH_INTER_POD", "gloo"},
   };
   return kGood;
 }

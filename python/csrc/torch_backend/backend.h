@@ -217,6 +217,12 @@ class CxlrtBackend : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
 
+  // Marks the group's communicators aborted for every rank, now (their
+  // peers' next wait fails): the pods' backend (torch_pods.py) calls it
+  // when a step between pods failed, so that the pod's other ranks fail at
+  // once instead of at their deadline. Later calls fail.
+  void abort() override;
+
   // Collectives called so far (equal on every rank of a group that calls
   // the same collectives; torch's desync checks compare them).
   uint64_t getSequenceNumberForGroup() override { return seq_.load(); }

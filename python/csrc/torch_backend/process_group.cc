@@ -121,6 +121,14 @@ c10::intrusive_ptr<c10d::Backend> CxlrtBackend::Create(const c10::intrusive_ptr<
   return c10::make_intrusive<CxlrtBackend>(store, rank, size, timeout, pool_uri);
 }
 
+void CxlrtBackend::abort() {
+  // Abort only marks the pool's words; it is safe beside a call in flight.
+  const std::string why = absl::StrCat("rank ", rank_, " of ", size_, " aborted its group");
+  std::lock_guard<std::mutex> l(mu_);
+  if (comm_) comm_->Abort(why);
+  if (p2p_) p2p_->Abort(why);
+}
+
 absl::StatusOr<collectives::Communicator*> CxlrtBackend::Comm() {
   if (comm_) return comm_.get();
   if (!comm_status_.ok()) return comm_status_;
@@ -152,12 +160,26 @@ class CxlrtProcessGroup : public c10d::ProcessGroup {
 };
 
 }  // namespace
+
+// The pool's creation_id as 16 hex digits: what names a pod (two URIs of
+// one pool give the same; one name made on two hosts gives two).
+std::string PoolIdentity(const std::string& uri) {
+  auto pool = runtime::Pool::Open(uri);
+  if (!pool.ok()) {
+    Raise(absl::Status(pool.status().code(),
+                       absl::StrCat("opening the pool ", uri, ": ", pool.status().message())));
+  }
+  return absl::StrCat(absl::Hex((*pool)->header().creation_id, absl::kZeroPad16));
+}
+
 }  // namespace cxlrt::torch_backend
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("create", &cxlrt::torch_backend::CxlrtBackend::Create, py::arg("store"), py::arg("rank"),
         py::arg("size"), py::arg("timeout"), py::arg("pool"),
         "A cxlrt c10d backend for rank `rank` of `size` over the pool `pool`.");
+  m.def("pool_identity", &cxlrt::torch_backend::PoolIdentity, py::arg("pool"),
+        "The creation_id of the pool `pool` (16 hex digits): it names the pool's pod.");
   py::class_<cxlrt::torch_backend::CxlrtProcessGroup, c10d::ProcessGroup,
              c10::intrusive_ptr<cxlrt::torch_backend::CxlrtProcessGroup>>(m, "ProcessGroup",
                                                                           py::dynamic_attr())
