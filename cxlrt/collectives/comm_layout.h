@@ -24,7 +24,8 @@
 namespace cxlrt::collectives {
 
 inline constexpr uint64_t kCommMagic = 0x314d4354524c5843ull;  // "CXLRTCM1"
-inline constexpr uint32_t kCommVersion = 5;                    // 5: small inline posts in line 0
+// 5: inline posts of up to kHeadBytes in line 0 (PostLayout).
+inline constexpr uint32_t kCommVersion = 5;
 inline constexpr size_t kInlineBytes = 64;
 // Slots (and post lines) per rank, kMinDepth to kMaxDepth: types.h (public,
 // since CommOptions::depth takes them).
