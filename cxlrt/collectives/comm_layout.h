@@ -96,8 +96,8 @@ static_assert(sizeof(CallDesc) == 24);
 // only for inline posts of more than kHeadBytes. Inline, `len` packs the
 // length (low 32 bits) and the stride between pieces (high 32), and byte
 // i of the bytes lies in `stride` for i < kHeadBytes, else in
-// inline_bytes[i] (inline_bytes[0, kHeadBytes) unused). PostBytes in
-// pool_transport.cc reads it back.
+// inline_bytes[i] (inline_bytes[0, kHeadBytes) unused). CheckPost in
+// pool_transport.cc unpacks it.
 inline constexpr size_t kHeadBytes = 8;
 struct PostLayout {
   uint64_t seq;       // the flag: this rank's post number, stored last
