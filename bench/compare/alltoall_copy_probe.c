@@ -12,6 +12,10 @@
  * Prints per size the best and median of 15 batches' mean time per call
  * and direct/pool, the most a protocol on the pool path could read
  * against one on the direct path.
+ * With PROBE=broadcast in the environment, the same for a broadcast from
+ * rank 0 (pool: the root's copy into a ring of 4 slots of 256 KiB chunks
+ * and the reader's copy out, pipelined; direct: the reader's one copy out
+ * of the root's buffer), timed on the reader.
  * Usage: alltoall_copy_probe [MIN_BYTES MAX_BYTES ITERS [NT_ABOVE]]
  *   NT_ABOVE: pieces above it go into the slot non-temporally (32768)
  *   bench/compare: cc -O2 -mavx2 -o /tmp/probe bench/compare/alltoall_copy_probe.c && /tmp/probe */
@@ -65,6 +69,42 @@ static int cmp(const void* a, const void* b) {
   return x < y ? -1 : x > y;
 }
 
+/* Broadcast of `bytes` from rank 0, `iters` times. Pool: the root copies
+ * 256 KiB chunks into a ring of 4 shared slots (non-temporal), the reader
+ * copies each out once posted; direct: the reader copies the root's send
+ * buffer (shared, unchanged) straight into its own. Returns the rank's mean
+ * time per call in us. */
+static double broadcast(int r, int mode, Flags* flags, char* slots, char* root_send,
+                        char* priv_send, char* recv, size_t bytes, int iters, uint64_t* seq) {
+  const size_t chunk = 256u << 10;
+  int64_t t0 = now_ns();
+  for (int it = 0; it < iters; ++it) {
+    if (mode == 1) {
+      ++*seq;
+      if (r == 1) memcpy(recv, root_send, bytes);
+      atomic_store_explicit(&flags[r].done, *seq, memory_order_release);
+      atomic_store_explicit(&flags[r].posted, *seq, memory_order_release);
+      wait_at_least(&flags[1 - r].posted, *seq);
+      continue;
+    }
+    for (size_t at = 0; at < bytes; at += chunk) {
+      const uint64_t c = ++*seq;
+      const size_t n = bytes - at < chunk ? bytes - at : chunk;
+      char* slot = slots + (c % 4) * chunk;
+      if (r == 0) {
+        wait_at_least(&flags[1].done, c > 4 ? c - 4 : 0);
+        copy_nt(slot, priv_send + at, n);
+        atomic_store_explicit(&flags[0].posted, c, memory_order_release);
+      } else {
+        wait_at_least(&flags[0].posted, c);
+        memcpy(recv + at, slot, n);
+        atomic_store_explicit(&flags[1].done, c, memory_order_release);
+      }
+    }
+  }
+  return (now_ns() - t0) / 1e3 / iters;
+}
+
 int main(int argc, char** argv) {
   size_t lo = argc > 1 ? strtoull(argv[1], 0, 10) : 128u << 10;
   size_t hi = argc > 2 ? strtoull(argv[2], 0, 10) : 1u << 20;
@@ -72,13 +112,14 @@ int main(int argc, char** argv) {
   if (argc > 4) nt_from = strtoull(argv[4], 0, 10);
   /* shared: flags[2], slots[2][2 parities][hi/2], send[2][hi] (direct mode reads them) */
   size_t half = hi / 2;
-  size_t shared_bytes = 4096 + 4 * half + 2 * hi;
+  size_t slot_bytes = 4 * half > (1u << 20) ? 4 * half : (1u << 20); /* broadcast: 4 x 256 KiB */
+  size_t shared_bytes = 4096 + slot_bytes + 2 * hi;
   char* sh = mmap(0, shared_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (sh == MAP_FAILED) return 1;
   memset(sh, 0, shared_bytes);
   Flags* flags = (Flags*)sh;
   char* slots = sh + 4096;
-  char* sends = slots + 4 * half;
+  char* sends = slots + slot_bytes;
   double* results = mmap(0, 4096 * sizeof(double), PROT_READ | PROT_WRITE,
                          MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   pid_t child = fork();
@@ -95,11 +136,22 @@ int main(int argc, char** argv) {
   memset(recv, 0, hi);
   uint64_t step = 0;
   int row = 0;
+  const int bcast = getenv("PROBE") && !strcmp(getenv("PROBE"), "broadcast");
   for (size_t bytes = lo; bytes <= hi; bytes *= 2, ++row) {
     size_t p = bytes / 2;
     for (int mode = 0; mode < 2; ++mode) {
       double batch[kBatches];
       for (int b = -1; b < kBatches; ++b) { /* batch -1: warm-up */
+        if (bcast) {
+          /* both ranks start each batch together */
+          ++step;  /* done too: the root's slot waits count every step */
+          atomic_store_explicit(&flags[r].done, step, memory_order_release);
+          atomic_store_explicit(&flags[r].posted, step, memory_order_release);
+          wait_at_least(&flags[peer].posted, step);
+          double t = broadcast(r, mode, flags, slots, sends, priv_send, recv, bytes, iters, &step);
+          if (b >= 0) batch[b] = t;
+          continue;
+        }
         int64_t t0 = now_ns();
         for (int it = 0; it < iters; ++it) {
           ++step;
@@ -125,7 +177,7 @@ int main(int argc, char** argv) {
         if (b >= 0) batch[b] = (now_ns() - t0) / 1e3 / iters;
       }
       qsort(batch, kBatches, sizeof(double), cmp);
-      if (r == 0) {
+      if (r == (bcast ? 1 : 0)) { /* all-to-all: rank 0; broadcast: the reader */
         results[row * 4 + mode * 2] = batch[0];
         results[row * 4 + mode * 2 + 1] = batch[kBatches / 2];
       }
@@ -135,7 +187,7 @@ int main(int argc, char** argv) {
   waitpid(child, 0, 0);
   printf("# us per call, best / median of %d batches of %d; direct/pool: the ceiling of pool vs direct\n",
          kBatches, iters);
-  printf("%9s %20s %20s %16s\n", "bytes", "pool (3 copies)", "direct (2 copies)", "direct/pool");
+  printf("%9s %20s %20s %16s\n", "bytes", "pool", "direct", "direct/pool");
   row = 0;
   for (size_t bytes = lo; bytes <= hi; bytes *= 2, ++row) {
     double* x = results + row * 4;
