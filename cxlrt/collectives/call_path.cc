@@ -102,7 +102,7 @@ absl::StatusOr<algorithms::Call> Communicator::Impl::Begin(CollKind kind, DataTy
   d.root = root;
   d.count = count;
   d.call = ++calls_;
-  transport_->BeginCall(d, absl::Now() + options_.timeout, &engine);
+  transport_->BeginCall(d, options_.timeout, &engine);
   return algorithms::Call{.t = *transport_,
                           .e = engine,
                           .type = type,

@@ -24,7 +24,8 @@
 namespace cxlrt::collectives {
 
 inline constexpr uint64_t kCommMagic = 0x314d4354524c5843ull;  // "CXLRTCM1"
-inline constexpr uint32_t kCommVersion = 4;
+// 5: inline posts of up to kHeadBytes in line 0 (PostLayout).
+inline constexpr uint32_t kCommVersion = 5;
 inline constexpr size_t kInlineBytes = 64;
 // Slots (and post lines) per rank, kMinDepth to kMaxDepth: types.h (public,
 // since CommOptions::depth takes them).
@@ -83,21 +84,31 @@ struct CallDesc {
 };
 static_assert(sizeof(CallDesc) == 24);
 
-// One chunk a rank posts: its bytes are inline (data == 0, len <=
+// One chunk a rank posts: its bytes are inline (data == 0, at most
 // kInlineBytes) or the `len` bytes at `data` in the pool (its slot, or its
 // own pool-resident buffer when zero-copy). A post of several pieces (one
 // per rank, as in all-to-all) has piece j at data + j * stride; len covers
 // them all. Two lines; the flag (`seq`) is published last.
+//
+// Line 0 says everything a reader needs for a post whose bytes lie in the
+// pool or fit in kHeadBytes, so such a post is one line to write and one
+// to read (an 8-byte all-reduce, a barrier); line 1 is written and read
+// only for inline posts of more than kHeadBytes. Inline, `len` packs the
+// length (low 32 bits) and the stride between pieces (high 32), and byte
+// i of the bytes lies in `stride` for i < kHeadBytes, else in
+// inline_bytes[i] (inline_bytes[0, kHeadBytes) unused). CheckPost in
+// pool_transport.cc unpacks it.
+inline constexpr size_t kHeadBytes = 8;
 struct PostLayout {
   uint64_t seq;       // the flag: this rank's post number, stored last
   uint64_t instance;  // the communicator instance it belongs to (header)
   CallDesc desc;
-  uint64_t data;
-  uint64_t len;
-  uint64_t stride;
-  uint8_t inline_bytes[kInlineBytes];
+  uint64_t data;                       // where the bytes lie in the pool; 0: inline
+  uint64_t len;                        // inline: len | stride << 32
+  uint64_t stride;                     // inline: bytes [0, kHeadBytes)
+  uint8_t inline_bytes[kInlineBytes];  // line 1: inline bytes [kHeadBytes, len)
 };
-static_assert(sizeof(PostLayout) == 128);
+static_assert(sizeof(PostLayout) == 128 && offsetof(PostLayout, inline_bytes) == 64);
 
 // Lines come in 128-byte pairs that the adjacent-line prefetcher moves
 // together (DESIGN.md: 128 B between flags): every post fills one pair and

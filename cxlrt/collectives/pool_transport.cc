@@ -1,6 +1,8 @@
 // The transport through one pool (pool_transport.h).
 #include "cxlrt/collectives/pool_transport.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -10,6 +12,12 @@
 #include "cxlrt/runtime/membership.h"
 
 namespace cxlrt::collectives {
+namespace {
+
+// Spins of a wait before it reads the clock (Await).
+constexpr int kQuickSpins = 64;
+
+}  // namespace
 
 PoolTransport::PoolTransport(Setup setup)
     : Transport(setup.nranks, setup.rank, setup.depth, setup.slot_bytes),
@@ -64,7 +72,17 @@ absl::Status PoolTransport::Await(Ready&& ready, const char* what) {
     }
     return ready();
   };
-  absl::Status s = runtime::WaitUntil(step, deadline_, what, watch_, kDataPathYield, spins_);
+  // A peer in step with this rank arrives within a few hundred nanoseconds:
+  // spin a little before the Waiter, which reads the clock (as deadline()
+  // does the first time), a cost as large as an 8-byte all-reduce's whole
+  // protocol here. These spins count against the wait's spins.
+  const int quick = spins_ >= 0 ? std::min(spins_, kQuickSpins) : kQuickSpins;
+  for (int i = 0; i < quick; ++i) {
+    if (step()) return progress;
+    _mm_pause();
+  }
+  absl::Status s = runtime::WaitUntil(step, deadline(), what, watch_, kDataPathYield,
+                                      spins_ >= 0 ? spins_ - quick : spins_);
   return progress.ok() ? s : progress;
 }
 
@@ -113,9 +131,12 @@ absl::Status PoolTransport::PublishInline(uint64_t s, const void* bytes, size_t 
   PostLayout post = {};
   post.instance = instance_;
   post.desc = desc_;
-  post.len = len;
-  post.stride = stride;
-  if (len) std::memcpy(post.inline_bytes, bytes, len);
+  // Line 0 carries the first kHeadBytes (comm_layout.h, PostLayout).
+  post.len = len | uint64_t{stride} << 32;
+  const auto* b = static_cast<const uint8_t*>(bytes);
+  if (len) std::memcpy(&post.stride, b, std::min(len, kHeadBytes));
+  if (len > kHeadBytes)
+    std::memcpy(post.inline_bytes + kHeadBytes, b + kHeadBytes, len - kHeadBytes);
   if (pending_.empty()) {  // the common case: no copy behind it is in flight
     PublishLine(s, post);
     return absl::OkStatus();
@@ -159,7 +180,7 @@ absl::Status PoolTransport::Progress(uint64_t through) {
     Pending& p = pending_.front();
     const bool wait = p.s <= through;
     while (!p.after.empty()) {
-      const absl::StatusOr<bool> done = engine_->Settle(p.after.back(), wait, deadline_);
+      const absl::StatusOr<bool> done = engine_->Settle(p.after.back(), wait, deadline());
       if (!done.ok()) {
         const absl::Status& s = done.status();
         return Fail(absl::Status(
@@ -191,9 +212,12 @@ void PoolTransport::PublishLine(uint64_t s, const PostLayout& post) {
   const PoolOffset line = PostAt(rank_, s);
   // Bytes after the flag word; Publish drops a stale copy of the flag line
   // first (the block may be a reused one), so the whole-line write-back
-  // carries the pool's flag, not one of a previous instance.
+  // carries the pool's flag, not one of a previous instance. Line 1 only
+  // when it carries inline bytes: no reader reads it otherwise (CheckPost).
+  const bool two_lines = post.data == 0 && (post.len & 0xffffffffu) > kHeadBytes;
+  const size_t n = two_lines ? sizeof(PostLayout) : offsetof(PostLayout, inline_bytes);
   c_.Publish(line + sizeof(uint64_t), reinterpret_cast<const uint8_t*>(&post) + sizeof(uint64_t),
-             sizeof(PostLayout) - sizeof(uint64_t));
+             n - sizeof(uint64_t));
   CXLRT_FAULT_POINT("coll.round.posted");
   c_.StoreFlag(line, s);
   if (post.data != 0) published_ = std::max(published_, s);
@@ -209,7 +233,10 @@ uint64_t PoolTransport::published() const {
 
 absl::Status PoolTransport::CheckPost(int j, uint64_t s) {
   PostLayout& p = posts_[size_t(j) * depth_ + s % depth_];
-  p = c_.FetchObject<PostLayout>(PostAt(j, s));
+  // Line 0 first: it holds everything but an inline post's bytes past
+  // kHeadBytes (comm_layout.h), so most posts cost the reader one line.
+  const PoolOffset at = PostAt(j, s);
+  c_.Fetch(&p, at, offsetof(PostLayout, inline_bytes));
   if (p.instance != instance_) {
     return absl::DataLossError(absl::StrCat("rank ", j, " of ", name_, " posted ", p.seq,
                                             " for communicator instance ", absl::Hex(p.instance),
@@ -218,9 +245,26 @@ absl::Status PoolTransport::CheckPost(int j, uint64_t s) {
   if (p.seq == s && p.desc == desc_) {
     // Its bytes lie in the pool (or inline), aligned to the call's elements.
     const size_t es = SizeOf(static_cast<DataType>(desc_.type));
-    const bool bad = p.data == 0 ? p.len > kInlineBytes
-                                 : (p.data > pool_size_ || p.len > pool_size_ - p.data ||
-                                    p.data % es != 0 || p.stride % es != 0);
+    if (p.data == 0) {
+      // Inline: unpack the cached copy to the plain form PeerBytes reads
+      // (len, stride, the bytes from inline_bytes[0]).
+      const uint64_t len = p.len & 0xffffffffu, stride = p.len >> 32;
+      if (len > kInlineBytes || stride > kInlineBytes) {
+        return absl::DataLossError(absl::StrCat("rank ", j, " of ", name_, " posted ", len,
+                                                " inline bytes (stride ", stride, "): more than ",
+                                                kInlineBytes));
+      }
+      std::memcpy(p.inline_bytes, &p.stride, kHeadBytes);
+      if (len > kHeadBytes) {
+        c_.Fetch(p.inline_bytes + kHeadBytes, at + offsetof(PostLayout, inline_bytes) + kHeadBytes,
+                 len - kHeadBytes);
+      }
+      p.len = len;
+      p.stride = stride;
+      return absl::OkStatus();
+    }
+    const bool bad = p.data > pool_size_ || p.len > pool_size_ - p.data || p.data % es != 0 ||
+                     p.stride % es != 0;
     if (bad) {
       return absl::DataLossError(absl::StrCat(
           "rank ", j, " of ", name_, " posted ", p.len, " bytes at 0x", absl::Hex(p.data),

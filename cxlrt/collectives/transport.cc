@@ -5,9 +5,10 @@
 
 namespace cxlrt::collectives {
 
-void Transport::BeginCall(const CallDesc& desc, absl::Time deadline, CopyEngine* engine) {
+void Transport::BeginCall(const CallDesc& desc, absl::Duration timeout, CopyEngine* engine) {
   desc_ = desc;
-  deadline_ = deadline;
+  timeout_ = timeout;
+  deadline_ = absl::InfinitePast();
   engine_ = engine;
   call_first_ = staged_ + 1;
 }

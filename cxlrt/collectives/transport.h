@@ -34,6 +34,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cxlrt/collectives/comm_layout.h"
 #include "cxlrt/collectives/copy_engine.h"
@@ -61,7 +62,14 @@ class Transport {
   // The most one post of this rank holds when it is staged (SlotOf).
   uint64_t slot_bytes() const { return slot_bytes_; }
   const CallDesc& desc() const { return desc_; }
-  absl::Time deadline() const { return deadline_; }
+  // The call's deadline: its timeout counted from the first time a wait
+  // asks for it (a wait that ends at once does not). Reading the clock costs
+  // more than a whole 8-byte all-reduce's protocol on some machines (absl::Now
+  // through a VM's clock), so a call whose waits all end at once reads none.
+  absl::Time deadline() const {
+    if (deadline_ == absl::InfinitePast()) deadline_ = absl::Now() + timeout_;
+    return deadline_;
+  }
   CopyEngine& engine() { return *engine_; }
   // The last post number handed out by Stage (posts so far).
   uint64_t staged() const { return staged_; }
@@ -69,8 +77,8 @@ class Transport {
   const absl::Status& failed() const { return failed_; }
 
   // Starts a call: its descriptor (checked against every peer's), its
-  // deadline, and the engine that moves its bytes.
-  void BeginCall(const CallDesc& desc, absl::Time deadline, CopyEngine* engine);
+  // timeout (deadline()), and the engine that moves its bytes.
+  void BeginCall(const CallDesc& desc, absl::Duration timeout, CopyEngine* engine);
   // Ends a call: every pending post published; when `in_place`, also waits
   // until every peer has read every post of the call (a caller's
   // pool-resident buffer is posted in place and is the caller's again only
@@ -133,7 +141,8 @@ class Transport {
   const uint32_t depth_;
   const uint64_t slot_bytes_;
   CallDesc desc_;  // of the call in progress (BeginCall)
-  absl::Time deadline_;
+  absl::Duration timeout_;
+  mutable absl::Time deadline_ = absl::InfinitePast();  // InfinitePast: not yet read
   CopyEngine* engine_ = nullptr;
   uint64_t staged_ = 0;      // last post number staged
   uint64_t call_first_ = 1;  // the call's first post

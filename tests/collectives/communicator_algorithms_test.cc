@@ -40,6 +40,47 @@ TEST_P(CollectivesTest, EveryCollectiveTypeOpAndSizeIsExactOnOneToFourRanks) {
   }
 }
 
+TEST_P(CollectivesTest, InlinePostsOfEveryLengthStayExact) {
+  // An inline post of up to 8 bytes is one line, a longer one two
+  // (comm_layout.h, PostLayout): every length from 1 to 64 bytes, in one
+  // piece (all-reduce) and in 3 (all-to-all, 3 ranks), in both domains.
+  RunRanks(3, [](Communicator& comm, allocator::Allocator&) -> std::string {
+    const int r = comm.rank();
+    auto value = [](int rank, size_t i, size_t len) {
+      return static_cast<uint8_t>(rank * 31 + i * 7 + len);
+    };
+    for (size_t len = 1; len <= 64; ++len) {
+      std::vector<uint8_t> send(len), recv(len, 0);
+      for (size_t i = 0; i < len; ++i) send[i] = value(r, i, len);
+      absl::Status s = comm.AllReduce(send.data(), recv.data(), len, DataType::kUint8, RedOp::kSum);
+      if (!s.ok()) return s.ToString();
+      for (size_t i = 0; i < len; ++i) {
+        const uint8_t want = value(0, i, len) + value(1, i, len) + value(2, i, len);
+        if (recv[i] != want) {
+          return absl::StrCat("all-reduce of ", len, " bytes: byte ", i, " is ", int{recv[i]},
+                              ", expected ", int{want});
+        }
+      }
+    }
+    for (size_t piece = 1; piece <= 21; ++piece) {  // 3 pieces: up to 63 inline bytes
+      std::vector<uint8_t> send(3 * piece), recv(3 * piece, 0);
+      for (size_t i = 0; i < send.size(); ++i) send[i] = value(r, i, piece);
+      absl::Status s = comm.AllToAll(send.data(), recv.data(), piece, DataType::kUint8);
+      if (!s.ok()) return s.ToString();
+      for (int j = 0; j < 3; ++j) {
+        for (size_t i = 0; i < piece; ++i) {
+          const uint8_t want = value(j, r * piece + i, piece);
+          if (recv[j * piece + i] != want) {
+            return absl::StrCat("all-to-all of ", piece, "-byte pieces: byte ", i, " from rank ", j,
+                                " is ", int{recv[j * piece + i]}, ", expected ", int{want});
+          }
+        }
+      }
+    }
+    return "";
+  });
+}
+
 TEST_P(CollectivesTest, EightRanksOnTwoCoresCompleteEveryCollective) {
   // More ranks than cores: waits must yield, nobody livelocks. Under a
   // sanitizer, beside other tests, a heartbeat thread can starve past a
