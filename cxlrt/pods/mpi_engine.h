@@ -11,6 +11,10 @@
 // what it made (its communicators, and nothing else, when an engine is
 // destroyed cleanly).
 //
+// World() ignores SIGPIPE when it is at its default disposition: Open
+// MPI's TCP transport writes to a dead peer's socket without MSG_NOSIGNAL,
+// and the signal would kill this rank before it could report the error.
+//
 // Every operation is nonblocking (MPI_I*); Wait polls MPI_Test with backoff
 // until the ticket is complete or the deadline passes, so a dead member in
 // another pod never hangs a rank. Open MPI progresses a nonblocking

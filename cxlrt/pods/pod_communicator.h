@@ -66,7 +66,8 @@ class MultiPodCommunicator {
  public:
   // Learns the layout over `world` (every rank of the job), creates the
   // pod's pool communicator "pods/NAME" in the pool of `pod_alloc`, and
-  // splits this rank's rail from `world`. Waits up to options.timeout.
+  // splits this rank's rail from `world`. Waits up to options.timeout
+  // (unset: CXLRT_COMM_TIMEOUT_MS, as the pool communicator).
   // `options` are the pool communicator's (its timeout is also every
   // engine wait's). Errors: the engine's or the pool communicator's.
   // REQUIRES: `pod_alloc` outlives the communicator.
