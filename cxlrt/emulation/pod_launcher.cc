@@ -1,4 +1,4 @@
-// `cxlrt run --pods` (launcher.h, docs/pods-mpi.md): emulated pods on one
+// `cxlrt run --pods` (launcher.h, docs/collectives.md, "Beyond one pool"): emulated pods on one
 // machine, each with its own pool, the ranks started by mpirun.
 #include <signal.h>
 #include <sys/stat.h>

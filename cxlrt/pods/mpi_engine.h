@@ -1,4 +1,4 @@
-// The engine between pods over Open MPI (docs/pods-mpi.md): an
+// The engine between pods over Open MPI (docs/collectives.md, "Beyond one pool"): an
 // InterPodEngine (inter_pod.h) on a duplicate of an MPI communicator.
 //
 // Who owns MPI: when the program has not initialised MPI, World()
