@@ -12,6 +12,9 @@
 // k + 1 and k - 1 do (all-to-all(v) runs its two tiers at once instead). Pods may differ in size.
 // With one pod every call goes straight to the pool communicator and the engine is never called.
 //
+// Over Open MPI, CreateOverMpi (mpi_communicator.h, library cxlrt_pods_mpi)
+// makes the engine and the communicator in one call.
+//
 // Ranks are pod-major (layout.h): pod 0's ranks first. Buffers are host
 // memory (the engine's and the pool communicator's CPU path).
 //
