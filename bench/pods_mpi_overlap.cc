@@ -1,5 +1,5 @@
 // How much of an inter-pod all-reduce the MPI engine hides behind the
-// caller's work in the pool (docs/pods-mpi.md, "Progress"). Run under
+// caller's work in the pool (docs/collectives.md, "Beyond one pool", "Progress"). Run under
 // mpirun (or `cxlrt run --pods`), 2 ranks or more:
 //
 //   mpirun -n 2 build/bin/cxlrt_bench_mpi_overlap [BYTES [BUSY_MS [REPS]]]

@@ -80,7 +80,8 @@ int main(int argc, char** argv) {
   CLI::App* run = app.add_subcommand(
       "run",
       "Start N ranks as processes over emulated hosts on one pool; output prefixed by rank. "
-      "With --pods, P emulated pods, each with its own pool, under mpirun (docs/pods-mpi.md). "
+      "With --pods, P emulated pods, each with its own pool, under mpirun (docs/collectives.md, "
+      "Beyond one pool). "
       "Usage: cxlrt run -n N [--hosts H] [--pool URI] -- CMD ARGS; "
       "cxlrt run --pods P -n N [--pool URI] -- CMD ARGS; cxlrt run --pod-sizes 2,3 -- CMD ARGS");
   run->add_option("-n,--ranks", ranks, "Number of ranks (processes)")->check(CLI::Range(1, 1024));

@@ -10,7 +10,7 @@
 // LaunchPods() is `cxlrt run --pods`: several emulated pods on one machine,
 // each with its own pool, the ranks started by Open MPI's mpirun so that the
 // engine between pods (cxlrt/pods/mpi_engine.h) runs on loopback TCP
-// (docs/pods-mpi.md).
+// (docs/collectives.md, "Beyond one pool").
 //
 // Thread-safety: Launch() and LaunchPods() fork; call it from a process with no other
 // threads running (the cxlrt command).

@@ -1,4 +1,4 @@
-// `cxlrt run --pods` (launcher.h, docs/pods-mpi.md): emulated pods on one
+// `cxlrt run --pods` (launcher.h, docs/collectives.md, "Beyond one pool"): emulated pods on one
 // machine, each with its own pool, the ranks started by mpirun.
 #include <signal.h>
 #include <sys/stat.h>
@@ -192,12 +192,17 @@ absl::StatusOr<LaunchResult> LaunchPods(const PodLaunchOptions& o) {
 
   // mpirun's command: loopback TCP between the ranks (the engine between
   // pods really crosses a network stack), as many ranks as asked whatever
-  // the cores, no binding, and a failed rank does not stop the others.
+  // the cores, no binding, and a failed rank does not stop the others:
+  // neither by its exit code nor by exiting without MPI_Finalize, which is
+  // how a rank whose engine broke leaves (mpi_engine.h; without
+  // orte_allowed_exit_without_sync mpirun kills every other rank then,
+  // before it can report its own error).
   std::vector<std::string> args = {mpirun};
   if (geteuid() == 0) args.push_back("--allow-run-as-root");
-  for (const char* a : {"--oversubscribe", "--bind-to", "none", "--mca", "btl", "self,tcp", "--mca",
-                        "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo", "--mca",
-                        "orte_abort_on_non_zero_status", "0"}) {
+  for (const char* a :
+       {"--oversubscribe", "--bind-to", "none", "--mca", "btl", "self,tcp", "--mca",
+        "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo", "--mca",
+        "orte_abort_on_non_zero_status", "0", "--mca", "orte_allowed_exit_without_sync", "1"}) {
     args.push_back(a);
   }
   for (size_t p = 0; p < pods.size(); ++p) {

@@ -1,6 +1,7 @@
 #include "cxlrt/pods/mpi_engine.h"
 
 #include <sched.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <atomic>
@@ -684,6 +685,21 @@ bool MpiEngine::ThreadMultiple() {
   return provided == MPI_THREAD_MULTIPLE;
 }
 
+namespace {
+// Open MPI's TCP transport writes to a dead peer's socket without
+// MSG_NOSIGNAL: the SIGPIPE would kill this rank (found under `cxlrt run
+// --pods` with a rank of the other pod killed) before its Wait could
+// report the error. With SIGPIPE ignored the write fails with EPIPE and
+// MPI reports it. A handler the program installed is left alone.
+void IgnoreSigpipe() {
+  struct sigaction old = {};
+  if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL &&
+      !(old.sa_flags & SA_SIGINFO)) {
+    signal(SIGPIPE, SIG_IGN);
+  }
+}
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<InterPodEngine>> MpiEngine::World(MPI_Comm comm,
                                                                  const MpiEngineOptions& options) {
   int inited = 0, finalized = 0;
@@ -712,6 +728,7 @@ absl::StatusOr<std::unique_ptr<InterPodEngine>> MpiEngine::World(MPI_Comm comm,
         "(initialise MPI with MPI_Init_thread(MPI_THREAD_MULTIPLE), or leave progress_thread "
         "unset)");
   }
+  IgnoreSigpipe();
   std::call_once(g_types_once, MakeTypes);
   if (g_types_rc != MPI_SUCCESS) {
     return MpiStatus(g_types_rc, "MPI_Type_contiguous/MPI_Op_create", "the fp16 and bf16 ops");

@@ -1,4 +1,4 @@
-// The engine between pods over Open MPI (docs/pods-mpi.md): an
+// The engine between pods over Open MPI (docs/collectives.md, "Beyond one pool"): an
 // InterPodEngine (inter_pod.h) on a duplicate of an MPI communicator.
 //
 // Who owns MPI: when the program has not initialised MPI, World()
@@ -10,6 +10,10 @@
 // MPI itself keeps full control: cxlrt never finalises it, and only frees
 // what it made (its communicators, and nothing else, when an engine is
 // destroyed cleanly).
+//
+// World() ignores SIGPIPE when it is at its default disposition: Open
+// MPI's TCP transport writes to a dead peer's socket without MSG_NOSIGNAL,
+// and the signal would kill this rank before it could report the error.
 //
 // Every operation is nonblocking (MPI_I*); Wait polls MPI_Test with backoff
 // until the ticket is complete or the deadline passes, so a dead member in

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "cxlrt/collectives/comm_knobs.h"
 #include "cxlrt/pods/pod_communicator_impl.h"
 #include "cxlrt/runtime/status_macros.h"
 
@@ -22,7 +23,6 @@ using Ticket = InterPodEngine::Ticket;
 
 namespace {
 constexpr uint64_t kDefaultChunkBytes = uint64_t{4} << 20;
-constexpr absl::Duration kDefaultTimeout = absl::Seconds(60);
 }  // namespace
 
 // --- Lifecycle and the public calls. ---
@@ -38,7 +38,10 @@ absl::StatusOr<std::unique_ptr<MultiPodCommunicator>> MultiPodCommunicator::Crea
   }
   auto impl = std::make_unique<Impl>();
   impl->name = std::string(name);
-  impl->timeout = options.timeout.value_or(kDefaultTimeout);
+  // The pool communicator's timeout, resolved as it resolves it: the
+  // engine waits must not outlast a deadline the user shortened with
+  // CXLRT_COMM_TIMEOUT_MS.
+  impl->timeout = options.timeout.value_or(absl::Milliseconds(collectives::kCommTimeoutMs.Get()));
   impl->chunk_bytes = pod_options.chunk_bytes != 0 ? pod_options.chunk_bytes : kDefaultChunkBytes;
   const absl::Time deadline = absl::Now() + impl->timeout;
   CXLRT_ASSIGN_OR_RETURN(impl->layout, DiscoverLayout(pod_alloc.pool().header(), *world, deadline));

@@ -12,6 +12,9 @@
 // k + 1 and k - 1 do (all-to-all(v) runs its two tiers at once instead). Pods may differ in size.
 // With one pod every call goes straight to the pool communicator and the engine is never called.
 //
+// Over Open MPI, CreateOverMpi (mpi_communicator.h, library cxlrt_pods_mpi)
+// makes the engine and the communicator in one call.
+//
 // Ranks are pod-major (layout.h): pod 0's ranks first. Buffers are host
 // memory (the engine's and the pool communicator's CPU path).
 //
@@ -66,7 +69,8 @@ class MultiPodCommunicator {
  public:
   // Learns the layout over `world` (every rank of the job), creates the
   // pod's pool communicator "pods/NAME" in the pool of `pod_alloc`, and
-  // splits this rank's rail from `world`. Waits up to options.timeout.
+  // splits this rank's rail from `world`. Waits up to options.timeout
+  // (unset: CXLRT_COMM_TIMEOUT_MS, as the pool communicator).
   // `options` are the pool communicator's (its timeout is also every
   // engine wait's). Errors: the engine's or the pool communicator's.
   // REQUIRES: `pod_alloc` outlives the communicator.

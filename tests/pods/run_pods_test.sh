@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# `cxlrt run --pods` (docs/pods-mpi.md): ranks placed in pods as documented,
-# each pod's pool made before the ranks and destroyed after, the exit code
+# `cxlrt run --pods` (docs/collectives.md, "Beyond one pool"): ranks placed
+# in pods as documented, each pod's pool made before the ranks and destroyed after, the exit code
 # of a failed rank, the error without mpirun, and the MPI engine's suite
 # run across two pods through it, and a rank killed in one pod reported by
 # the others at their deadline.
