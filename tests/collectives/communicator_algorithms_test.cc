@@ -383,6 +383,49 @@ TEST_P(CollectivesTest, AllToAllVCountsThatDisagreeAreAnErrorOnEveryRankNamingBo
       absl::Seconds(60), {}, "v-args");
 }
 
+// Displacements a rank cannot honour are refused on that rank before the
+// call begins (every rank here passes the same bad arguments, so none
+// waits for a peer): receive pieces that overlap (two peers would write the
+// same bytes, in whatever order the copies run), a piece whose end wraps
+// size_t or the address space (it would read or write far outside the
+// buffer). A well-formed call then still runs.
+TEST_P(CollectivesTest, AllToAllVPiecesThatOverlapOrWrapAreRefused) {
+  RunRanks(
+      2,
+      [](Communicator& comm, allocator::Allocator&) -> std::string {
+        std::vector<float> a(16, 1.0f), b(16, 0.0f);
+        const std::vector<size_t> four = {4, 4}, apart = {0, 8};
+        struct Case {
+          const char* what;
+          std::vector<size_t> sd, rd;
+        };
+        const size_t wrap = SIZE_MAX - 1;
+        const Case cases[] = {
+            {"receive pieces overlapping", apart, {0, 2}},
+            {"receive pieces at the same displacement", apart, {4, 4}},
+            {"a send piece whose end wraps", {0, wrap}, apart},
+            {"a receive piece whose end wraps", apart, {0, wrap}},
+            {"a send piece whose end in bytes wraps", {0, SIZE_MAX / 4 - 2}, apart},
+            {"a receive piece whose end in bytes wraps", apart, {0, SIZE_MAX / 4 - 2}},
+        };
+        for (const Case& k : cases) {
+          absl::Status s =
+              comm.AllToAllV(a.data(), four, k.sd, b.data(), four, k.rd, DataType::kFloat32);
+          if (s.code() != absl::StatusCode::kInvalidArgument) {
+            return absl::StrCat(k.what, ": ", s.ToString());
+          }
+        }
+        absl::Status s =
+            comm.AllToAllV(a.data(), four, apart, b.data(), four, apart, DataType::kFloat32);
+        if (!s.ok()) return "the communicator broke: " + s.ToString();
+        for (size_t k : {0, 1, 2, 3, 8, 9, 10, 11}) {
+          if (b[k] != 1.0f) return absl::StrCat("element ", k, " is ", b[k]);
+        }
+        return "";
+      },
+      absl::Seconds(60), {}, "v-wrap");
+}
+
 TEST_P(CollectivesTest, BadArgumentsAreRefusedWithoutTouchingTheCommunicator) {
   RunRanks(
       1,
