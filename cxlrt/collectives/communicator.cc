@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "cxlrt/collectives/communicator_impl.h"
@@ -89,6 +90,45 @@ absl::Status Communicator::Impl::AllToAllV(const void* send, absl::Span<const si
   }
   // The extents each buffer is read or written in.
   const size_t es = SizeOf(type);
+  // Every piece must lie in the address space above its buffer: a
+  // displacement plus count that wraps (size_t, or the address once scaled
+  // by the element size) would read or write far outside it.
+  auto check_pieces = [&](const char* which, const void* buf, absl::Span<const size_t> counts,
+                          absl::Span<const size_t> displs) -> absl::Status {
+    const uintptr_t room = UINTPTR_MAX - reinterpret_cast<uintptr_t>(buf);
+    for (size_t j = 0; j < n; ++j) {
+      if (counts[j] == 0) continue;
+      if (displs[j] > SIZE_MAX - counts[j] || displs[j] + counts[j] > room / es) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("AllToAllV on rank ", rank_, " of ", name_, ": the ", which,
+                         " piece of rank ", j, " (", counts[j], " elements at displacement ",
+                         displs[j], ") runs past the end of the address space"));
+      }
+    }
+    return absl::OkStatus();
+  };
+  CXLRT_RETURN_IF_ERROR(check_pieces("send", send, send_counts, send_displs));
+  CXLRT_RETURN_IF_ERROR(check_pieces("receive", recv, recv_counts, recv_displs));
+  // Two receive pieces that share an element would be written by two
+  // peers' copies in whatever order they run.
+  {
+    std::vector<size_t> order;
+    for (size_t j = 0; j < n; ++j) {
+      if (recv_counts[j] > 0) order.push_back(j);
+    }
+    std::sort(order.begin(), order.end(),
+              [&](size_t x, size_t y) { return recv_displs[x] < recv_displs[y]; });
+    for (size_t k = 1; k < order.size(); ++k) {
+      const size_t a = order[k - 1], b = order[k];
+      if (recv_displs[a] + recv_counts[a] > recv_displs[b]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("AllToAllV on rank ", rank_, " of ", name_,
+                         ": the receive pieces of ranks ", a, " and ", b, " overlap (elements [",
+                         recv_displs[a], ", ", recv_displs[a] + recv_counts[a], ") and [",
+                         recv_displs[b], ", ", recv_displs[b] + recv_counts[b], "))"));
+      }
+    }
+  }
   auto extent = [](absl::Span<const size_t> counts, absl::Span<const size_t> displs) {
     size_t lo = SIZE_MAX, hi = 0;
     for (size_t j = 0; j < counts.size(); ++j) {

@@ -32,12 +32,29 @@ PoolTransport::PoolTransport(Setup setup)
       spins_(setup.spins),
       drain_(std::move(setup.drain)),
       posts_(size_t(setup.nranks) * setup.depth),
-      peer_done_(setup.nranks, 0) {}
+      peer_done_(setup.nranks, 0),
+      read_in_place_(setup.nranks, 0) {}
 
 absl::Status PoolTransport::EndCall(bool in_place) {
   CXLRT_RETURN_IF_ERROR(Progress(staged_));
-  if (in_place && staged_ >= call_first_) return AwaitPeersDone(staged_);
-  return absl::OkStatus();
+  if (in_place && staged_ >= call_first_) CXLRT_RETURN_IF_ERROR(AwaitPeersDone(staged_));
+  return CheckWritersInPlace();
+}
+
+absl::Status PoolTransport::CheckWritersInPlace() {
+  absl::Status out;
+  for (int j = 0; j < nranks_; ++j) {
+    if (!read_in_place_[j]) continue;
+    read_in_place_[j] = 0;
+    if (!out.ok()) continue;
+    if (c_.LoadFlag(RankAt(j)) == static_cast<uint64_t>(JoinState::kAborted)) {
+      out = Fail(absl::AbortedError(absl::StrCat(
+          name_, " rank ", rank_, " in ", Describe(desc_), ": rank ", j,
+          " gave up on the call while this rank read its buffer posted in place (its caller may "
+          "have written it since): the bytes read from it are not trusted")));
+    }
+  }
+  return out;
 }
 
 absl::Status PoolTransport::Fail(absl::Status s) {
@@ -270,6 +287,9 @@ absl::Status PoolTransport::CheckPost(int j, uint64_t s) {
           "rank ", j, " of ", name_, " posted ", p.len, " bytes at 0x", absl::Hex(p.data),
           " (stride ", p.stride, "): outside the pool or not aligned to its elements"));
     }
+    // Not in the peer's slot for this post: its caller's buffer, in place.
+    const PoolOffset slot = rings_[j].slot[s % depth_];
+    if (p.data < slot || p.data - slot >= slot_bytes_) read_in_place_[j] = 1;
     return absl::OkStatus();
   }
   return absl::InvalidArgumentError(

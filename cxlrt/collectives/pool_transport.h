@@ -127,6 +127,13 @@ class PoolTransport final : public Transport {
   template <typename Ready>
   absl::Status Await(Ready&& ready, const char* what);
   absl::Status WaitFailed(absl::Status s, int j, const char* what);
+  // A peer that posted its buffer in place and then failed the call (at
+  // its deadline, say) hands the buffer back to its caller, who may write
+  // it while this rank still reads it: bytes read from it are not to be
+  // trusted once the peer is marked aborted. Fail marks a rank aborted
+  // before the call returns to its caller, so a mark loaded after this
+  // rank's reads completed covers every write of that caller they saw.
+  absl::Status CheckWritersInPlace();
 
   runtime::Coherence& c_;
   const uint64_t pool_size_;
@@ -143,6 +150,10 @@ class PoolTransport final : public Transport {
   std::deque<Pending> pending_;
   std::vector<PostLayout> posts_;    // [j * depth + s % depth]: peers' posts as read
   std::vector<uint64_t> peer_done_;  // each peer's done counter as last loaded
+  // Peers of the call in progress whose posts this rank read in place (in
+  // their own pool buffers, not their slots): EndCall checks that none of
+  // them gave up on the call while this rank read (CheckWritersInPlace).
+  std::vector<uint8_t> read_in_place_;
 };
 
 }  // namespace cxlrt::collectives

@@ -735,5 +735,54 @@ INSTANTIATE_TEST_SUITE_P(Domains, CollectivesTest,
                          ::testing::Values(CoherenceDomain::kHardware,
                                            CoherenceDomain::kSimulated));
 
+// A rank whose pool-resident send buffer is posted in place gives up at
+// its deadline while a peer, stalled before its own post, has yet to read
+// it; the caller then writes the buffer again (it is the caller's once the
+// call returned). The peer, resuming, must not return OK with those bytes.
+TEST_P(CollectivesTest, APeerDoesNotReadAnInPlaceBufferItsRankGaveUpOn) {
+  CommOptions o;
+  o.timeout = absl::Milliseconds(1500);  // the joins too: time to fork and join
+  RunRanks(
+      2,
+      [](Communicator& comm, allocator::Allocator& alloc) -> std::string {
+        const int r = comm.rank();
+        const size_t k = 4096;
+        std::vector<float> mine(2 * k), recv(2 * k, -1.0f);
+        for (size_t i = 0; i < 2 * k; ++i) mine[i] = float(r * 100000 + i);
+        const std::vector<size_t> cnt = {k, k}, dis = {0, k};
+        if (r == 1) {
+          // Its data post (the second post line it writes) waits 3 s
+          // before its flag.
+          absl::Status armed = runtime::ArmFaults("coll.round.posted:stall=3000:2");
+          if (!armed.ok()) return armed.ToString();
+          absl::Status s =
+              comm.AllToAllV(mine.data(), cnt, dis, recv.data(), cnt, dis, DataType::kFloat32);
+          if (!s.ok()) return "";  // an error: what it should be
+          for (size_t i = 0; i < k; ++i) {
+            if (recv[i] != float(r * k + i)) {
+              return absl::StrCat("OK, but element ", i, " from rank 0 is ", recv[i], ", not ",
+                                  float(r * k + i), " (rank 0 had given up and rewritten it)");
+            }
+          }
+          return "";
+        }
+        auto p = comm.Allocate(mine.size() * sizeof(float));
+        if (!p.ok()) return p.status().ToString();
+        runtime::Coherence& c = alloc.pool().coherence();
+        const auto at = static_cast<runtime::PoolOffset>(static_cast<uint8_t*>(*p) -
+                                                         alloc.pool().backend().base());
+        c.Invalidate(at, mine.size() * sizeof(float));
+        c.Write(at, mine.data(), mine.size() * sizeof(float));
+        absl::Status s = comm.AllToAllV(*p, cnt, dis, recv.data(), cnt, dis, DataType::kFloat32);
+        if (s.ok()) return "rank 0 did not time out: " + s.ToString();
+        // The caller's again: rewritten and published.
+        const std::vector<float> junk(mine.size(), 7.0f);
+        c.Publish(at, junk.data(), junk.size() * sizeof(float));
+        absl::SleepFor(absl::Milliseconds(3500));  // rank 1 reads meanwhile
+        return "";
+      },
+      absl::Seconds(60), o, "v-giveup");
+}
+
 }  // namespace
 }  // namespace cxlrt::collectives

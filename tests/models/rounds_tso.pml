@@ -1,5 +1,13 @@
-/* The round protocol of a communicator (cxlrt/collectives/communicator.cc:
- * Exchange, WaitPosted, EndRound, WaitSlotFree) on x86-TSO.
+/* The post protocol of a communicator (cxlrt/collectives/pool_transport.cc:
+ * Stage's AwaitPeersDone, PublishLine, WaitPosted and CheckPost, Done; the
+ * model once named them Exchange, EndRound and WaitSlotFree) on x86-TSO.
+ *
+ * Since kCommVersion 5 a post's bytes may lie in its post line itself
+ * (inline: line 0, and line 1 past 8 bytes) rather than in a slot: the
+ * model's slot_data stands for whichever holds them, written before the
+ * flag, read after it, and reused only once done >= k - depth. The reader
+ * fetches line 0 and then line 1 (two loads after the flag load, kept in
+ * order by TSO), so the model's single data load still covers it.
  *
  * Rank 0 posts round k into slot k % 2 (data, then the round flag); rank 1
  * waits for the flag, reads the data and stores done_round = k. Round k reuses
