@@ -181,7 +181,20 @@ absl::Status Communicator::Impl::Free(void* p) {
                      " is not a buffer this communicator allocated"));
   }
   buffers_.erase(it);
-  return alloc_.Free(*off);
+  return ReleaseBuffer(*off);
+}
+
+// A buffer's lines this host still caches (a caller's writes never posted,
+// say a broadcast's non-root input) are written back and dropped before the
+// block goes back to the allocator: left dirty, a later eviction would write
+// them over the block's next user on another host (the simulated domain
+// aborts on it; non-coherent hardware would do it silently).
+absl::Status Communicator::Impl::ReleaseBuffer(PoolOffset off) {
+  if (auto n = alloc_.BlockSize(off); n.ok()) {
+    pool_.coherence().Flush(off, *n);
+    pool_.coherence().Invalidate(off, *n);
+  }
+  return alloc_.Free(off);
 }
 
 // --- Forwards to the roles. ---

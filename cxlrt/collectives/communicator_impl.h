@@ -186,6 +186,8 @@ struct Communicator::Impl {
   absl::Status Barrier();
   absl::StatusOr<void*> Allocate(size_t bytes);
   absl::Status Free(void* p);
+  // Writes back and drops this host's lines of a buffer, then frees it.
+  absl::Status ReleaseBuffer(PoolOffset off);
   void Abort(absl::string_view why);
 
   // --- State. ---

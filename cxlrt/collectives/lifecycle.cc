@@ -335,7 +335,7 @@ absl::Status Communicator::Impl::Destroy() {
   absl::Status kept = drained;
   if (kept.ok() && !failed().ok()) kept = AwaitReadersDone(deadline);
   if (kept.ok()) {
-    for (PoolOffset b : buffers_) (void)alloc_.Free(b);
+    for (PoolOffset b : buffers_) (void)ReleaseBuffer(b);
     FreeSlots();
   } else {
     kept = absl::Status(kept.code(),

@@ -99,13 +99,10 @@ TEST_P(CollectivesTest, CopiesAroundTheCachedCopyBoundStayExact) {
         for (size_t bytes : {size_t{32 << 10} - 8, size_t{32 << 10}, size_t{32 << 10} + 8,
                              size_t{32 << 10} + 1000}) {
           for (int variant = 0; variant < 3; ++variant) {
-            // Not pool-resident for a broadcast or scatter: RunCase writes
-            // every rank's pool input through the cache, a non-root's is
-            // never posted (so never written back), and Free leaves its
-            // dirty lines to be written back over the block's next user on
-            // another host (the simulated domain aborts): a gap of Free,
-            // not of the copies this test is about.
-            if (variant == 2 && (k == CollKind::kBroadcast || k == CollKind::kScatter)) continue;
+            // Pool-resident broadcasts and scatters included: a non-root's
+            // input is written through the cache and never posted, so only
+            // Free's write-back keeps its dirty lines off the block's next
+            // user on another host (the simulated domain aborts without it).
             Case c{k,           t, RedOp::kSum, bytes / es + (es == 1 ? 3 : 0), -1, variant == 1,
                    variant == 2};
             c.root = Rooted(k) ? static_cast<int>(c.count % n) : -1;
