@@ -577,25 +577,9 @@ int RunCollBench(const CollBenchOptions& o) {
     return 1;
   }
   limits.affinity = plan->why;
-  std::fflush(nullptr);
-  std::vector<pid_t> pids;
-  for (int r = 0; r < o.ranks; ++r) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      if (!plan->cores.empty()) (void)runtime::BindToCore(plan->cores[r]);
-      const int rc = RunRank(o, *kind, *type, *op, (*scratch)->open_uri(), o.ranks, r, limits);
-      std::fflush(nullptr);
-      _exit(rc);
-    }
-    pids.push_back(pid);
-  }
-  int result = 0;
-  for (pid_t pid : pids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) result = 1;
-  }
-  return result;
+  return RunForkedRanks(o.ranks, plan->cores, [&](int r) {
+    return RunRank(o, *kind, *type, *op, (*scratch)->open_uri(), o.ranks, r, limits);
+  });
 }
 
 }  // namespace cxlrt::bench

@@ -1,12 +1,17 @@
 #include "bench/harness.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cxlrt/runtime/affinity.h"
 #include "cxlrt/runtime/coherence.h"
 #include "cxlrt/runtime/status_macros.h"
 
@@ -143,6 +148,29 @@ runtime::AttachOptions AnySlot() {
   runtime::AttachOptions ao;
   ao.host_id = -1;
   return ao;
+}
+
+int RunForkedRanks(int ranks, const std::vector<int>& cores,
+                   const std::function<int(int rank)>& rank_main) {
+  std::fflush(nullptr);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < ranks; ++r) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      if (static_cast<size_t>(r) < cores.size()) (void)runtime::BindToCore(cores[r]);
+      const int rc = rank_main(r);
+      std::fflush(nullptr);
+      _exit(rc);
+    }
+    pids.push_back(pid);
+  }
+  int result = 0;
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) result = 1;
+  }
+  return result;
 }
 
 }  // namespace cxlrt::bench

@@ -90,4 +90,11 @@ absl::StatusOr<AttachedHost> AttachHost(const std::string& uri,
 // Attach options for any free slot (benchmarks that start their own hosts).
 runtime::AttachOptions AnySlot();
 
+// Forks `ranks` processes; rank r runs rank_main(r) (bound to cores[r]
+// when `cores` has an entry for it) and exits with its result. Returns 0
+// when every rank exited 0, else 1. Flushes stdio first, so no buffered
+// output is printed twice.
+int RunForkedRanks(int ranks, const std::vector<int>& cores,
+                   const std::function<int(int rank)>& rank_main);
+
 }  // namespace cxlrt::bench

@@ -247,24 +247,7 @@ int RunPodsBench(const PodsBenchOptions& o) {
   }
   const std::string ic_uri = pod_uris.back();
   pod_uris.pop_back();
-  std::fflush(nullptr);
-  std::vector<pid_t> pids;
-  for (int w = 0; w < o.ranks; ++w) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      const int rc = RunRank(o, pod_uris, ic_uri, w);
-      std::fflush(nullptr);
-      _exit(rc);
-    }
-    pids.push_back(pid);
-  }
-  int result = 0;
-  for (pid_t pid : pids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) result = 1;
-  }
-  return result;
+  return RunForkedRanks(o.ranks, {}, [&](int w) { return RunRank(o, pod_uris, ic_uri, w); });
 }
 
 }  // namespace cxlrt::bench
