@@ -71,6 +71,35 @@ std::pair<size_t, size_t> Sizes(const Case& c, int n);
 // writes them back, so a missing write-back shows as wrong bytes at peers.
 std::string RunCase(Communicator& comm, const Case& c, runtime::Pool& pool);
 
+// Calls case `c` on a communicator of either kind (collectives::Communicator,
+// pods::MultiPodCommunicator: the same collective signatures). kBarrier and
+// kAllToAllV (not in the case matrices) run a barrier.
+template <typename Comm>
+absl::Status CallCase(Comm& comm, const Case& c, const void* send, void* recv) {
+  switch (c.kind) {
+    case CollKind::kAllReduce:
+      return comm.AllReduce(send, recv, c.count, c.type, c.op);
+    case CollKind::kReduceScatter:
+      return comm.ReduceScatter(send, recv, c.count, c.type, c.op);
+    case CollKind::kAllGather:
+      return comm.AllGather(send, recv, c.count, c.type);
+    case CollKind::kBroadcast:
+      return comm.Broadcast(send, recv, c.count, c.type, c.root);
+    case CollKind::kReduce:
+      return comm.Reduce(send, recv, c.count, c.type, c.op, c.root);
+    case CollKind::kGather:
+      return comm.Gather(send, recv, c.count, c.type, c.root);
+    case CollKind::kScatter:
+      return comm.Scatter(send, recv, c.count, c.type, c.root);
+    case CollKind::kAllToAll:
+      return comm.AllToAll(send, recv, c.count, c.type);
+    case CollKind::kBarrier:
+    case CollKind::kAllToAllV:
+      return comm.Barrier();
+  }
+  return absl::InvalidArgumentError("unknown collective kind");
+}
+
 // --- Running ranks as processes. ---
 
 struct RankHost {

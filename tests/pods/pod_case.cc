@@ -41,37 +41,7 @@ std::string RunPodCase(MultiPodCommunicator& comm, const Case& c) {
     recv = own_recv.data();
   }
   for (size_t i = 0; i < scount; ++i) Store(c.type, send, i, Value(c.type, r, i));
-  absl::Status s;
-  switch (c.kind) {
-    case CollKind::kAllReduce:
-      s = comm.AllReduce(send, recv, c.count, c.type, c.op);
-      break;
-    case CollKind::kReduceScatter:
-      s = comm.ReduceScatter(send, recv, c.count, c.type, c.op);
-      break;
-    case CollKind::kAllGather:
-      s = comm.AllGather(send, recv, c.count, c.type);
-      break;
-    case CollKind::kBroadcast:
-      s = comm.Broadcast(send, recv, c.count, c.type, c.root);
-      break;
-    case CollKind::kReduce:
-      s = comm.Reduce(send, recv, c.count, c.type, c.op, c.root);
-      break;
-    case CollKind::kGather:
-      s = comm.Gather(send, recv, c.count, c.type, c.root);
-      break;
-    case CollKind::kScatter:
-      s = comm.Scatter(send, recv, c.count, c.type, c.root);
-      break;
-    case CollKind::kAllToAll:
-      s = comm.AllToAll(send, recv, c.count, c.type);
-      break;
-    case CollKind::kBarrier:
-    case CollKind::kAllToAllV:
-      s = comm.Barrier();
-      break;
-  }
+  const absl::Status s = CallCase(comm, c, send, recv);
   if (!s.ok()) return absl::StrCat(collectives::Name(c), " at rank ", r, ": ", s.ToString());
   std::vector<uint8_t> want(std::max<size_t>(rcount * es, 1), 0xEE);
   bool check = true;
