@@ -390,21 +390,55 @@ absl::Status MultiPodCommunicator::Impl::AllGather(const void* send, void* recv,
 // region to the root's pod (an all-to-all-v with one receiver), packed in
 // rank order; the root's local rank 0 unpacks it into the result, or hands
 // the pack to the root (a pool Send) when the root is another rank.
+// What Gather and Scatter share: the root's pod and local index, the
+// holder (local rank 0 of the root's pod, which talks to the rail), the
+// chunking of a block (ck elements, `chunks` chunks, L(k) in chunk k), and
+// two buffers each for the pod's region and for packs in rank order, plus
+// the root's own pack when it is not the holder.
+struct MultiPodCommunicator::Impl::Rooted {
+  size_t es, N, count, ck, chunks;
+  int P, rp, rl, l;
+  bool holder;
+  uint8_t* region[2];
+  uint8_t* packs[2];
+  uint8_t* root_pack;
+  size_t L(size_t k) const { return std::min(ck, count - k * ck); }
+};
+
+MultiPodCommunicator::Impl::Rooted MultiPodCommunicator::Impl::PlanRooted(size_t count,
+                                                                          DataType type, int root) {
+  Rooted r;
+  r.es = SizeOf(type);
+  r.N = n();
+  r.count = count;
+  r.P = layout.npods;
+  r.rp = layout.pod_of[root];
+  r.rl = root - layout.pod_first[r.rp];
+  r.l = layout.local_rank;
+  r.holder = layout.pod == r.rp && r.l == 0;
+  r.ck = std::max<size_t>(1, chunk_bytes / r.es / r.N);
+  r.chunks = (count + r.ck - 1) / r.ck;
+  const size_t most = std::min(r.ck, count);
+  for (int i = 0; i < 2; ++i) {
+    r.region[i] = Scratch(i, layout.pod_size * most * r.es);
+    r.packs[i] = Scratch(2 + i, r.N * most * r.es);
+  }
+  r.root_pack = Scratch(4, r.N * most * r.es);
+  return r;
+}
+
 absl::Status MultiPodCommunicator::Impl::Gather(const void* send, void* recv, size_t count,
                                                 DataType type, int root) {
-  const size_t es = SizeOf(type), N = n();
-  const int P = layout.npods, rp = layout.pod_of[root], rl = root - layout.pod_first[rp];
-  const int l = layout.local_rank;
-  const bool holder = layout.pod == rp && l == 0;
-  const size_t ck = std::max<size_t>(1, chunk_bytes / es / N);
-  const size_t chunks = (count + ck - 1) / ck, most = std::min(ck, count);
+  const Rooted g = PlanRooted(count, type, root);
+  const size_t es = g.es, N = g.N, ck = g.ck;
+  const int P = g.P, rp = g.rp, rl = g.rl, l = g.l;
+  const bool holder = g.holder;
   const auto* in = static_cast<const uint8_t*>(send);
   auto* out = static_cast<uint8_t*>(recv);
-  auto L_of = [&](size_t k) { return std::min(ck, count - k * ck); };
-  uint8_t* region[2] = {Scratch(0, layout.pod_size * most * es),
-                        Scratch(1, layout.pod_size * most * es)};
-  uint8_t* packs[2] = {Scratch(2, N * most * es), Scratch(3, N * most * es)};
-  uint8_t* got = Scratch(4, N * most * es);  // the root's copy of a pack
+  auto L_of = [&](size_t k) { return g.L(k); };
+  uint8_t* const* region = g.region;
+  uint8_t* const* packs = g.packs;
+  uint8_t* got = g.root_pack;  // the root's copy of a pack
   auto unpack = [&](const uint8_t* pack, size_t k, size_t L) {
     for (size_t j = 0; j < N; ++j)
       std::memcpy(out + (j * count + k * ck) * es, pack + j * L * es, L * es);
@@ -440,7 +474,7 @@ absl::Status MultiPodCommunicator::Impl::Gather(const void* send, void* recv, si
     }
     return absl::OkStatus();
   };
-  return Pipeline(chunks, rail.get(), pre, start, post);
+  return Pipeline(g.chunks, rail.get(), pre, start, post);
 }
 
 // Scatter, per chunk of every block (pipelined), the mirror image: the
@@ -450,19 +484,16 @@ absl::Status MultiPodCommunicator::Impl::Gather(const void* send, void* recv, si
 // every pod scatters its region in the pod.
 absl::Status MultiPodCommunicator::Impl::Scatter(const void* send, void* recv, size_t count,
                                                  DataType type, int root) {
-  const size_t es = SizeOf(type), N = n();
-  const int P = layout.npods, rp = layout.pod_of[root], rl = root - layout.pod_first[rp];
-  const int l = layout.local_rank;
-  const bool holder = layout.pod == rp && l == 0;
-  const size_t ck = std::max<size_t>(1, chunk_bytes / es / N);
-  const size_t chunks = (count + ck - 1) / ck, most = std::min(ck, count);
+  const Rooted g = PlanRooted(count, type, root);
+  const size_t es = g.es, N = g.N, ck = g.ck;
+  const int P = g.P, rp = g.rp, rl = g.rl, l = g.l;
+  const bool holder = g.holder;
   const auto* in = static_cast<const uint8_t*>(send);
   auto* out = static_cast<uint8_t*>(recv);
-  auto L_of = [&](size_t k) { return std::min(ck, count - k * ck); };
-  uint8_t* region[2] = {Scratch(0, layout.pod_size * most * es),
-                        Scratch(1, layout.pod_size * most * es)};
-  uint8_t* packs[2] = {Scratch(2, N * most * es), Scratch(3, N * most * es)};
-  uint8_t* mine = Scratch(4, N * most * es);  // the root's pack when it is not local 0
+  auto L_of = [&](size_t k) { return g.L(k); };
+  uint8_t* const* region = g.region;
+  uint8_t* const* packs = g.packs;
+  uint8_t* mine = g.root_pack;  // the root's pack when it is not local 0
   auto pack = [&](uint8_t* dst, size_t k, size_t L) {
     for (size_t j = 0; j < N; ++j)
       std::memcpy(dst + j * L * es, in + (j * count + k * ck) * es, L * es);
@@ -498,7 +529,7 @@ absl::Status MultiPodCommunicator::Impl::Scatter(const void* send, void* recv, s
   auto post = [&](size_t k) -> absl::Status {
     return pod->Scatter(region[k % 2], out + k * ck * es, L_of(k), type, 0);
   };
-  return Pipeline(chunks, rail.get(), pre, start, post);
+  return Pipeline(g.chunks, rail.get(), pre, start, post);
 }
 
 // All-to-all-v: the pieces between ranks of one pod go through the pool

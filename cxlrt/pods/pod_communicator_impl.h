@@ -148,6 +148,8 @@ struct MultiPodCommunicator::Impl {
   absl::Status Reduce(const void* send, void* recv, size_t count, DataType type, RedOp op,
                       int root);
   absl::Status AllGather(const void* send, void* recv, size_t count, DataType type);
+  struct Rooted;
+  Rooted PlanRooted(size_t count, DataType type, int root);
   absl::Status Gather(const void* send, void* recv, size_t count, DataType type, int root);
   absl::Status Scatter(const void* send, void* recv, size_t count, DataType type, int root);
   absl::Status AllToAllV(const void* send, absl::Span<const size_t> sc, absl::Span<const size_t> sd,
