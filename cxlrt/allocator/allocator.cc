@@ -48,6 +48,18 @@ runtime::Counter g_slow_allocations(
 runtime::Counter g_slow_frees(
     {"allocator.slow_frees", "calls",
      "Free calls past the thread cache (remote, large, durable or uncached blocks)."});
+runtime::Counter g_remote_frees(
+    {"allocator.remote_frees", "calls",
+     "Frees of another host's block, sent through its ring to the owner."});
+runtime::Counter g_recovered_arenas({"allocator.recovered_arenas", "arenas",
+                                     "Arenas of dead hosts this process fenced and recovered."});
+const runtime::MetricInfo kBytesInUse{
+    "allocator.bytes_in_use", "bytes",
+    "Bytes of this host's arena held by callers (class sizes, pages, huge segments)."};
+const runtime::MetricInfo kBytesCached{"allocator.bytes_cached", "bytes",
+                                       "Bytes of this host's slabs free in its caches."};
+const runtime::MetricInfo kSegments{"allocator.segments", "segments",
+                                    "Segments in this host's arena."};
 
 // The calling thread's cache of the allocator it used last: one compare on
 // the fast paths.
@@ -85,6 +97,12 @@ class Allocator::Impl {
   absl::Status Tick();
   absl::StatusOr<std::vector<uint32_t>> RecoverDeadHosts();
   HostStats LocalStats();
+  // This host's gauges, for the metrics registry; StartMetrics registers them.
+  void CollectMetrics(std::vector<runtime::Sample>* out);
+  void StartMetrics() {
+    collector_ = std::make_unique<runtime::MetricsCollector>(
+        [this](std::vector<runtime::Sample>* out) { CollectMetrics(out); });
+  }
   absl::Status Close();
   // Starts the background tick (options.tick). REQUIRES: Init succeeded.
   void StartTick();
@@ -97,12 +115,20 @@ class Allocator::Impl {
   // Not closed, and the host's lease held (one clock read): every path that
   // writes the pool checks it first (docs/membership.md, "Leases").
   bool Usable() const {
-    return !closed_.load(std::memory_order_relaxed) && membership_.LeaseHeld();
+    return !closed_.load(std::memory_order_relaxed) && !arena_->lost() && membership_.LeaseHeld();
   }
   // The slow paths' check: Usable, and the host's slot read from the pool
   // (Membership::ConfirmLease). The cached paths check Usable only.
-  absl::Status CheckUsable() { return Usable() ? membership_.ConfirmLease() : Unusable(); }
+  absl::Status CheckUsable() {
+    if (arena_->lost()) return Lost();
+    return Usable() ? membership_.ConfirmLease() : Unusable();
+  }
   absl::Status Unusable();
+  // kAborted: a batch found this host's arena recovered by a survivor
+  // (ArenaState::lost), so the call's own pool writes were dropped. Every
+  // slow path asks after its arena steps: a call whose stores were dropped
+  // must not return OK.
+  absl::Status Lost() const;
   absl::Status FreeLocked(PoolOffset offset, bool allow_named);
   // The body of CommitDurable / FreeDurable.
   absl::Status ChangeWithWord(RedoKind kind, PoolOffset block, PoolOffset word, uint64_t value);
@@ -196,6 +222,7 @@ class Allocator::Impl {
   bool tick_stop_ = false;  // guarded by tick_mu_
   std::thread tick_thread_;
   absl::Time next_recovery_ = absl::InfinitePast();
+  std::unique_ptr<runtime::MetricsCollector> collector_;  // set by Open; reset first
 };
 
 Allocator::Impl::Impl(runtime::Pool& pool, runtime::Membership& membership,
@@ -292,6 +319,7 @@ absl::Status Allocator::Impl::Init() {
 }
 
 Allocator::Impl::~Impl() {
+  collector_.reset();
   absl::Status s = Close();
   if (!s.ok() && s.code() != absl::StatusCode::kFailedPrecondition) {
     CXLRT_LOG(kWarning) << "closing the allocator of " << pool_.name() << ": " << s;
@@ -306,6 +334,13 @@ absl::Status Allocator::Impl::Unusable() {
   if (s.ok()) return s;
   return absl::AbortedError(
       absl::StrCat("host ", slot_, "'s allocator may not write ", pool_.name(), ": ", s.message()));
+}
+
+absl::Status Allocator::Impl::Lost() const {
+  return absl::AbortedError(absl::StrCat(
+      "host ", slot_, "'s arena in ", pool_.name(),
+      " was recovered by a survivor: this host was fenced (a stall past its lease); its "
+      "allocator writes nothing more: attach again"));
 }
 
 inline void Allocator::Impl::SetState(PoolOffset off, uint32_t cls, BlockState st) {
@@ -352,6 +387,7 @@ absl::StatusOr<PoolOffset> Allocator::Impl::RefillAndTake(ThreadCache& tc, uint3
   LockForBatch();
   std::lock_guard<std::mutex> lock(mu_, std::adopt_lock);
   CXLRT_RETURN_IF_ERROR(RefillBin(tc, cls));
+  if (arena_->lost()) return Lost();
   return TakeCached(tc, cls);
 }
 
@@ -376,10 +412,13 @@ absl::StatusOr<PoolOffset> Allocator::Impl::AllocateSlow(uint64_t size,
   std::lock_guard<std::mutex> lock(mu_);
   CXLRT_RETURN_IF_ERROR(CheckUsable());
   auto off = arena_->Allocate(size, alignment, options.durable, pool_lock_);
+  if (arena_->lost()) return Lost();
   if (off.ok() || off.status().code() != absl::StatusCode::kResourceExhausted) return off;
   // Full: take back what other hosts freed, then try once more.
   CXLRT_RETURN_IF_ERROR(DrainRings());
-  return arena_->Allocate(size, alignment, options.durable, pool_lock_);
+  off = arena_->Allocate(size, alignment, options.durable, pool_lock_);
+  if (arena_->lost()) return Lost();
+  return off;
 }
 
 absl::StatusOr<PoolOffset> Allocator::Impl::AllocateOnDevice(uint64_t size, uint64_t alignment,
@@ -392,7 +431,9 @@ absl::StatusOr<PoolOffset> Allocator::Impl::AllocateOnDevice(uint64_t size, uint
   const auto [begin, end] = pool_.HeapOnDevice(options.device);
   std::lock_guard<std::mutex> lock(mu_);
   CXLRT_RETURN_IF_ERROR(CheckUsable());
-  return arena_->AllocateIn(size, alignment, options.durable, pool_lock_, begin, end);
+  auto off = arena_->AllocateIn(size, alignment, options.durable, pool_lock_, begin, end);
+  if (arena_->lost()) return Lost();
+  return off;
 }
 
 absl::Status Allocator::Impl::CommitDurable(PoolOffset block, PoolOffset word, uint64_t value) {
@@ -432,6 +473,10 @@ absl::Status Allocator::Impl::ChangeWithWord(RedoKind kind, PoolOffset block, Po
   // cost more than the free.)
   absl::Status st = kind == RedoKind::kMakeDurable ? arena_->MakeDurable(block, pool_lock_)
                                                    : arena_->Free(block, true, pool_lock_);
+  // Lost: the word is not stored here. The intent may still be finished by
+  // the survivor's recovery (when it was written before the recovery), so
+  // kAborted from this call means "not known", as after a crash.
+  if (arena_->lost()) return Lost();
   if (!st.ok()) {
     arena_->WriteRedo(RedoKind::kNone);
     return st;
@@ -493,8 +538,10 @@ absl::Status Allocator::Impl::FreeSlow(PoolOffset offset, const std::atomic<uint
   }
   std::lock_guard<std::mutex> lock(mu_);
   CXLRT_RETURN_IF_ERROR(CheckUsable());
-  if (arena_->TryFreeCached(offset)) return absl::OkStatus();
-  return FreeLocked(offset, /*allow_named=*/false);
+  absl::Status st =
+      arena_->TryFreeCached(offset) ? absl::OkStatus() : FreeLocked(offset, /*allow_named=*/false);
+  if (arena_->lost()) return Lost();
+  return st;
 }
 
 void Allocator::Impl::LockForBatch() {
@@ -586,7 +633,9 @@ std::array<uint64_t, kNumClasses> Allocator::Impl::ThreadCached() {
 
 absl::Status Allocator::Impl::FreeLocked(PoolOffset offset, bool allow_named) {
   if (arena_->Owns(offset)) return arena_->Free(offset, allow_named, pool_lock_);
-  return RemoteFree(offset, allow_named);
+  absl::Status s = RemoteFree(offset, allow_named);
+  if (s.ok()) g_remote_frees.Add();
+  return s;
 }
 
 absl::Status Allocator::Impl::RemoteFree(PoolOffset off, bool allow_named) {
@@ -799,7 +848,7 @@ absl::Status Allocator::Impl::DrainRings() {
   // they are kept here rather than re-read.
   const uint64_t applied = arena_->DrainRings(&my_tails_, pool_lock_);
   if (applied > 0) arena_->PublishCounters();
-  return absl::OkStatus();
+  return arena_->lost() ? Lost() : absl::OkStatus();
 }
 
 absl::StatusOr<uint64_t> Allocator::Impl::BlockSize(PoolOffset offset) {
@@ -843,7 +892,9 @@ absl::Status Allocator::Impl::FreeNamed(absl::string_view name) {
   }));
   std::lock_guard<std::mutex> lock(mu_);
   CXLRT_RETURN_IF_ERROR(CheckUsable());
-  return FreeLocked(off, /*allow_named=*/true);
+  absl::Status st = FreeLocked(off, /*allow_named=*/true);
+  if (arena_->lost()) return Lost();
+  return st;
 }
 
 absl::Status Allocator::Impl::Tick() {
@@ -855,7 +906,7 @@ absl::Status Allocator::Impl::Tick() {
   for (uint32_t o = 0; o < pending_.size(); ++o) PushPending(o);
   CXLRT_RETURN_IF_ERROR(DrainRings());
   arena_->PublishCounters();  // handed-out counts move without batches
-  return absl::OkStatus();
+  return arena_->lost() ? Lost() : absl::OkStatus();
 }
 
 void Allocator::Impl::StartTick() {
@@ -924,8 +975,24 @@ absl::StatusOr<std::vector<uint32_t>> Allocator::Impl::RecoverDeadHosts() {
     }
     CXLRT_LOG(kInfo) << "host " << slot_ << " recovered the arena of dead host " << s;
     recovered.push_back(s);
+    g_recovered_arenas.Add();
   }
   return recovered;
+}
+
+void Allocator::Impl::CollectMetrics(std::vector<runtime::Sample>* out) {
+  const auto thread_cached = ThreadCached();
+  HostStats st;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_ || !arena_) return;
+    arena_->set_thread_cached(thread_cached);
+    st = arena_->Stats();
+  }
+  const runtime::Labels l = {{"slot", absl::StrCat(slot_)}};
+  out->push_back(runtime::GaugeSample(kBytesInUse, l, static_cast<double>(st.bytes_in_use)));
+  out->push_back(runtime::GaugeSample(kBytesCached, l, static_cast<double>(st.bytes_cached)));
+  out->push_back(runtime::GaugeSample(kSegments, l, static_cast<double>(st.segments)));
 }
 
 HostStats Allocator::Impl::LocalStats() {
@@ -956,6 +1023,7 @@ absl::Status Allocator::Impl::Close() {
   if (closed_ || !arena_) return absl::FailedPreconditionError("the allocator is already closed");
   closed_ = true;
   arena_->set_thread_cached({});
+  if (arena_->lost()) return Lost();
   // Fenced (or the lease lapsed and cannot be renewed): nothing written.
   if (absl::Status s = membership_.CheckLease(); !s.ok()) {
     return absl::AbortedError(absl::StrCat("host ", slot_, " closes its allocator without writing ",
@@ -996,6 +1064,7 @@ absl::StatusOr<std::unique_ptr<Allocator>> Allocator::Open(runtime::Pool& pool,
   auto impl = std::make_unique<Impl>(pool, membership, options);
   CXLRT_RETURN_IF_ERROR(impl->Init());
   impl->StartTick();
+  impl->StartMetrics();
   return std::unique_ptr<Allocator>(new Allocator(std::move(impl)));
 }
 

@@ -163,7 +163,12 @@ struct ArenaRedoLayout {
   uint64_t block;  // pool offset of a block of this arena
   uint64_t word;   // pool offset of an 8-byte word (8-byte aligned)
   uint64_t value;
-  uint8_t reserved[28];
+  // The arena's owner epoch when the record was written (0 in records of
+  // builds before it: unknown). Recovery finishes a record only when this
+  // is the epoch the arena holds: a fenced host that wrote it after a
+  // survivor recovered its arena (a freeze past its lease) is ignored.
+  uint64_t owner_epoch;
+  uint8_t reserved[20];
   uint32_t checksum;  // CRC-32C of bytes [0, 60): a torn record is no record
 };
 static_assert(sizeof(ArenaRedoLayout) == 64);

@@ -48,6 +48,12 @@ constexpr FaultPointInfo kFaultPoints[] = {
     {"alloc.tick.begin",
      "the allocator's tick is about to run (drain rings, publish counters); nothing is checked or "
      "written yet"},
+    {"alloc.batch.begin",
+     "an arena batch is about to re-read its arena's owner epoch and mark its seqlock odd; the "
+     "slow path's lease check has passed"},
+    {"alloc.redo.intent",
+     "CommitDurable / FreeDurable found its arena still its own; its intent record is about to be "
+     "written"},
     {"alloc.allocate.done",
      "a small block is marked allocated and handed out; the caller has not got it yet"},
     {"alloc.free.after_bitmap",

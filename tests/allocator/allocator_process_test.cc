@@ -5,6 +5,7 @@
 // leaks.
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 
 #include <random>
 #include <vector>
@@ -435,6 +436,134 @@ INSTANTIATE_TEST_SUITE_P(Points, RedoCrashTest,
                              if (ch == '.') ch = '_';
                            }
                            return n;
+                         });
+
+// Issue 27's stalled host inside an arena batch: the victim stops (SIGSTOP)
+// after its slow path checked its lease, just before the batch's first
+// store, for longer than its lease; a survivor fences it and recovers its
+// arena (which rewrites the arena's line 0: owner epoch, counters,
+// seqlock). Resumed, the victim must find the arena gone before it stores:
+// the call returns kAborted (never OK: its writes were dropped), nothing
+// writes back a stale copy of line 0 (the simulated domain aborts the
+// process on that, as CI once saw in lease_stop_stress_test), and the
+// survivor's audit stays clean.
+// Waits up to 20 s for child `pid` to stop (SIGSTOP at a fault point);
+// "" once it has, else what happened instead.
+std::string WaitStopped(pid_t pid) {
+  int status = 0;
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  pid_t got = 0;
+  while ((got = waitpid(pid, &status, WUNTRACED | WNOHANG)) == 0 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  if (got != pid) return "the child neither stopped nor exited";
+  if (!WIFSTOPPED(status)) return absl::StrCat("the child ended (status ", status, ")");
+  return "";
+}
+
+class StalledBatchTest : public ::testing::TestWithParam<CoherenceDomain> {};
+
+TEST_P(StalledBatchTest, AnOwnerStoppedBeforeItsBatchFindsItsArenaRecoveredAndWritesNothing) {
+  TempDir dir;
+  const std::string uri =
+      MakePool(dir, absl::StrCat("coherence=", runtime::CoherenceDomainName(GetParam())));
+  auto survivor = Attach(uri, std::nullopt, absl::ZeroDuration());
+  ASSERT_TRUE(survivor.ok()) << survivor.status();
+  SharedWords shared;  // [0] slot, [1] the stalled call's code + 1, [2] the next call's code + 1
+  pid_t victim = Spawn([&]() -> int {
+    // No tick thread: the stalled batch is the call's own.
+    auto h = Attach(uri, std::nullopt, absl::ZeroDuration());
+    if (!h.ok()) return 10;
+    shared[0] = h->membership->slot();
+    AllocOptions durable;
+    durable.durable = true;
+    // Claims a slab and caches its blocks; the next durable allocation's
+    // only pool writes are one batch (its durable bit), without the pool lock.
+    if (!h->alloc->Allocate(100, durable).ok()) return 11;
+    if (!runtime::ArmFaults("alloc.batch.begin:stop").ok()) return 12;
+    auto stalled = h->alloc->Allocate(100, durable);
+    shared[1] = static_cast<uint64_t>(stalled.status().code()) + 1;
+    shared[2] = static_cast<uint64_t>(h->alloc->Allocate(100, durable).status().code()) + 1;
+    return 0;
+  });
+  ASSERT_EQ(WaitStopped(victim), "") << "before its batch";
+  const uint32_t victim_slot = static_cast<uint32_t>(shared[0]);
+  EXPECT_EQ(RecoverWithin(*survivor, absl::Seconds(10)), std::vector<uint32_t>{victim_slot});
+  ASSERT_EQ(kill(victim, SIGCONT), 0);
+  EXPECT_EQ(WaitExit(victim), 0) << "the resumed victim crashed (a stale write-back?)";
+  EXPECT_EQ(shared[1], static_cast<uint64_t>(absl::StatusCode::kAborted) + 1)
+      << "the stalled call's code (+1): its writes were dropped, so it must not return OK";
+  EXPECT_EQ(shared[2], static_cast<uint64_t>(absl::StatusCode::kAborted) + 1)
+      << "the next call's code (+1)";
+  ExpectAuditClean(*survivor->pool);
+  auto block = survivor->alloc->Allocate(100, AllocOptions{.durable = true});
+  EXPECT_TRUE(block.ok()) << block.status();
+}
+
+// The same stall just before CommitDurable's intent record (after its
+// re-read of the owner epoch): the record lands after the recovery. It must
+// never be finished: the call returns kAborted, and the slot's next
+// incarnation drops the record (its owner epoch is not the arena's) instead
+// of storing the value into the word, which would be a write by a call that
+// failed, at any later time. And FreeNamed stalled the same way returns
+// kAborted, not OK.
+TEST_P(StalledBatchTest, AnIntentWrittenAfterTheRecoveryIsNeverFinished) {
+  TempDir dir;
+  const std::string uri =
+      MakePool(dir, absl::StrCat("coherence=", runtime::CoherenceDomainName(GetParam())));
+  auto survivor = Attach(uri, std::nullopt, absl::ZeroDuration());
+  ASSERT_TRUE(survivor.ok()) << survivor.status();
+  SharedWords shared;  // [0] slot, [1] the commit's code + 1, [2] FreeNamed's code + 1
+  for (const char* point : {"alloc.redo.intent", "alloc.batch.begin"}) {
+    SCOPED_TRACE(point);
+    const bool named = std::string(point) == "alloc.batch.begin";
+    shared[1] = shared[2] = 0;
+    pid_t victim = Spawn([&]() -> int {
+      auto h = Attach(uri, std::nullopt, absl::ZeroDuration());
+      if (!h.ok()) return 10;
+      shared[0] = h->membership->slot();
+      auto word = h->alloc->AllocateNamed(named ? "victim/named" : "victim/word", 64);
+      auto block = h->alloc->Allocate(100);
+      if (!word.ok() || !block.ok()) return 11;
+      const uint64_t zero = 0;
+      h->pool->coherence().Publish(*word, &zero, 8);
+      if (!runtime::ArmFaults(absl::StrCat(point, ":stop")).ok()) return 12;
+      if (named) {
+        shared[2] = static_cast<uint64_t>(h->alloc->FreeNamed("victim/named").code()) + 1;
+      } else {
+        shared[1] =
+            static_cast<uint64_t>(h->alloc->CommitDurable(*block, *word, 0xdeadbeef).code()) + 1;
+      }
+      return 0;
+    });
+    ASSERT_EQ(WaitStopped(victim), "") << "before the point";
+    const uint32_t slot = static_cast<uint32_t>(shared[0]);
+    EXPECT_EQ(RecoverWithin(*survivor, absl::Seconds(10)), std::vector<uint32_t>{slot});
+    ASSERT_EQ(kill(victim, SIGCONT), 0);
+    EXPECT_EQ(WaitExit(victim), 0) << "the resumed victim crashed";
+    const uint64_t aborted = static_cast<uint64_t>(absl::StatusCode::kAborted) + 1;
+    EXPECT_EQ(named ? shared[2] : shared[1], aborted) << "the stalled call's code (+1)";
+    // The slot's next incarnation takes over the recovered arena.
+    {
+      auto next = Attach(uri, slot, absl::ZeroDuration());
+      ASSERT_TRUE(next.ok()) << next.status();
+      CXLRT_EXPECT_OK(next->alloc->Close());
+    }
+    if (!named) {
+      auto word = survivor->alloc->Find("victim/word");
+      ASSERT_TRUE(word.ok()) << word.status();
+      EXPECT_EQ(survivor->pool->coherence().LoadFlag(word->offset), 0u)
+          << "a commit that returned kAborted stored its word";
+      CXLRT_EXPECT_OK(survivor->alloc->FreeNamed("victim/word"));
+    }
+    ExpectAuditClean(*survivor->pool);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Domains, StalledBatchTest,
+                         ::testing::Values(CoherenceDomain::kSimulated, CoherenceDomain::kHardware),
+                         [](const auto& info) {
+                           return std::string(runtime::CoherenceDomainName(info.param));
                          });
 
 TEST(RecoveryTest, ARecoveryInterruptedByACrashIsFinishedByTheNext) {

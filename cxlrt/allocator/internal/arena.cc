@@ -48,6 +48,8 @@ absl::Status ArenaState::Load() {
   };
   version_ = a.version + (a.version & 1);  // an interrupted batch: make it even again
   owner_epoch_ = a.owner_epoch;
+  pool_owner_epoch_ = a.owner_epoch;
+  lost_ = false;
   rejected_frees_ = a.rejected_frees;
   for (uint32_t i = 0; i < h.segment_count; ++i) HideSlab(i);
   segs_.clear();
@@ -171,6 +173,7 @@ bool ArenaState::Owns(PoolOffset off) const {
 }
 
 void ArenaState::WriteBits(Segment& s, bool durable_map, uint32_t word) {
+  if (lost_) return;
   const uint64_t v = (durable_map ? s.durable : s.alloc)[word];
   meta_.c().Publish(meta_.SegOffset(s.index) +
                         (durable_map ? kDurableBitmapOffset : kAllocBitmapOffset) +
@@ -179,17 +182,32 @@ void ArenaState::WriteBits(Segment& s, bool durable_map, uint32_t word) {
 }
 
 void ArenaState::WriteRun(Segment& s, uint32_t page) {
+  if (lost_) return;
   meta_.c().Publish(meta_.SegOffset(s.index) + kRunLengthOffset + page, &s.run[page], 1);
+}
+
+bool ArenaState::StillMine() {
+  if (lost_) return false;
+  const uint64_t in_pool =
+      meta_.c().LoadFlag(meta_.ArenaOffset(slot_) + offsetof(ArenaLayout, owner_epoch));
+  if (in_pool == pool_owner_epoch_) return true;
+  lost_ = true;
+  CXLRT_LOG(kError) << "the arena of host " << slot_ << " has owner epoch " << in_pool
+                    << " in the pool, not " << pool_owner_epoch_
+                    << ": a survivor recovered it (this host was fenced); it writes nothing more";
+  return false;
 }
 
 void ArenaState::BeginBatch() {
   if (batch_depth_++ > 0) return;
+  CXLRT_FAULT_POINT("alloc.batch.begin");
+  if (!StillMine()) return;
   ++version_;  // odd: readers retry
   meta_.c().StoreFlag(meta_.ArenaOffset(slot_) + offsetof(ArenaLayout, version), version_);
 }
 
 void ArenaState::EndBatch() {
-  if (--batch_depth_ > 0) return;
+  if (--batch_depth_ > 0 || !StillMine()) return;
   // The owner publishes its counters on its tick (PublishCounters), not on
   // every batch; recovery and frees into unowned arenas publish each time.
   if (use_cache_ && !publish_counters_) {
@@ -216,6 +234,7 @@ void ArenaState::EndBatch() {
   const size_t to = offsetof(ArenaLayout, pad1);
   meta_.c().Publish(meta_.ArenaOffset(slot_) + from, reinterpret_cast<const uint8_t*>(&a) + from,
                     to - from);
+  pool_owner_epoch_ = owner_epoch_;
   ++version_;
   meta_.c().StoreFlag(meta_.ArenaOffset(slot_) + offsetof(ArenaLayout, version), version_);
 }

@@ -171,6 +171,12 @@ class ArenaState {
   void set_owner_epoch(uint64_t e) { owner_epoch_ = e; }
   uint64_t rejected_frees() const { return rejected_frees_; }
   void CountRejectedFree() { ++rejected_frees_; }
+  // True once a batch found the arena taken from this process in the pool:
+  // its owner epoch there is no longer the one this process loaded or last
+  // wrote, because a survivor fenced this host (a stall past its lease) and
+  // recovered the arena. The arena then writes nothing more to the pool;
+  // the allocator turns it into kAborted.
+  bool lost() const { return lost_; }
 
   // Recovery: frees every private block, releases segments left empty,
   // never initialised or orphaned. REQUIRES: the pool lock is held and no
@@ -285,6 +291,12 @@ class ArenaState {
   void WriteRun(Segment& s, uint32_t page);
   void BeginBatch();
   void EndBatch();
+  // Before a store to line 0 (the seqlock `version` shares it with
+  // `owner_epoch`, which a recovering survivor rewrites): re-reads the line
+  // from the pool, so that the store never writes back a stale copy of it,
+  // and sets lost_ when the owner epoch there changed under this process.
+  // False when lost.
+  bool StillMine();
   absl::StatusOr<bool> IsNamed(PoolOffset off) const;
 
   const HeapMeta& meta_;
@@ -293,6 +305,8 @@ class ArenaState {
   uint64_t version_ = 0;
   uint64_t owner_epoch_ = 0;
   uint64_t rejected_frees_ = 0;
+  uint64_t pool_owner_epoch_ = 0;  // owner_epoch as last loaded or written to the pool
+  bool lost_ = false;
   int batch_depth_ = 0;
   bool publish_counters_ = false;               // the current batch publishes the counters
   std::vector<std::unique_ptr<Segment>> segs_;  // by segment index; null: not this arena's

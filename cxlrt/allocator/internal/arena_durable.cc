@@ -102,11 +102,16 @@ const LockRunner kLockHeld = [](const std::function<absl::Status()>& fn) { retur
 
 void ArenaState::WriteRedo(allocator::RedoKind kind, PoolOffset block, PoolOffset word,
                            uint64_t value) {
+  // An intent is a promise to store `value` at `word` even after a crash:
+  // written only while the arena is still this process's in the pool.
+  if (kind == allocator::RedoKind::kNone ? lost_ : !StillMine()) return;
   allocator::ArenaRedoLayout r = {};
   r.kind = static_cast<uint32_t>(kind);
   r.block = block;
   r.word = word;
   r.value = value;
+  r.owner_epoch = kind == allocator::RedoKind::kNone ? 0 : pool_owner_epoch_;
+  if (kind != allocator::RedoKind::kNone) CXLRT_FAULT_POINT("alloc.redo.intent");
   r.checksum = RedoChecksum(r);
   meta_.c().PublishObject(meta_.ArenaOffset(slot_) + offsetof(ArenaLayout, redo), r);
 }
@@ -121,6 +126,16 @@ void ArenaState::FinishRedo() {
     CXLRT_LOG(kError) << "arena " << slot_ << ": intent record of kind " << r.kind
                       << " names word 0x" << std::hex << r.word
                       << ", not a word of the heap; dropped";
+    WriteRedo(allocator::RedoKind::kNone);
+    return;
+  }
+  if (r.owner_epoch != 0 && r.owner_epoch != pool_owner_epoch_) {
+    // Written by an incarnation after its arena had been recovered (it was
+    // fenced and froze between its checks and this store): its call
+    // returned kAborted, and nobody may act on it.
+    CXLRT_LOG(kWarning) << "arena " << slot_ << ": intent record of owner epoch " << r.owner_epoch
+                        << " in an arena of owner epoch " << pool_owner_epoch_
+                        << " (written after its recovery by a fenced host); dropped";
     WriteRedo(allocator::RedoKind::kNone);
     return;
   }

@@ -260,7 +260,7 @@ uint64_t ArenaState::DrainRings(std::vector<uint64_t>* tails, const LockRunner& 
       }
       tail = head;
     }
-    meta_.c().StoreFlag(meta_.TailOffset(slot_, p), tail);
+    if (!lost_) meta_.c().StoreFlag(meta_.TailOffset(slot_, p), tail);
   }
   return applied;
 }
