@@ -5,6 +5,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "cxlrt/metrics/http_exporter.h"
+#include "cxlrt/metrics/pool_metrics.h"
 #include "cxlrt/runtime/log.h"
 #include "cxlrt/runtime/status_macros.h"
 
@@ -17,9 +20,13 @@ struct Host::State {
   std::unique_ptr<runtime::Pool> pool;
   std::unique_ptr<runtime::Membership> membership;
   std::unique_ptr<allocator::Allocator> alloc;
+  // Publishes this process's metrics into the pool (docs/metrics.md); last,
+  // so it stops before the allocator it allocates from closes.
+  std::unique_ptr<metrics::MetricsPublisher> publisher;
 
   // Closes the allocator and detaches; returns the first error.
   absl::Status Shutdown() {
+    publisher.reset();
     absl::Status closed = alloc->Close();
     absl::Status detached = membership->Detach();
     return closed.ok() ? detached : closed;
@@ -30,9 +37,26 @@ namespace {
 
 absl::StatusOr<std::unique_ptr<runtime::Pool>> OpenPool(absl::string_view uri, bool create) {
   auto pool = runtime::Pool::Open(uri);
-  if (pool.ok() || !create || !absl::IsNotFound(pool.status())) return pool;
-  pool = runtime::Pool::Create(uri);
-  if (absl::IsAlreadyExists(pool.status())) return runtime::Pool::Open(uri);  // raced a creator
+  if (pool.ok() || !create) return pool;
+  if (absl::IsNotFound(pool.status())) {
+    pool = runtime::Pool::Create(uri);
+    if (!absl::IsAlreadyExists(pool.status())) return pool;
+    pool = runtime::Pool::Open(uri);  // raced a creator
+  }
+  // A creator that won the race writes the header last, so an Open in the
+  // meantime finds it zero (kDataLoss). Wait for it, for a bounded time: a
+  // creator that died leaves that error.
+  constexpr absl::Duration kCreatorWait = absl::Seconds(10);
+  const absl::Time deadline = absl::Now() + kCreatorWait;
+  while (absl::IsDataLoss(pool.status()) && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(2));
+    pool = runtime::Pool::Open(uri);
+  }
+  if (absl::IsDataLoss(pool.status())) {
+    return absl::DataLossError(absl::StrCat(pool.status().message(), " (waited ",
+                                            absl::FormatDuration(kCreatorWait),
+                                            " for another process creating it)"));
+  }
   return pool;
 }
 
@@ -71,6 +95,12 @@ absl::StatusOr<Host> Host::Open(absl::string_view uri, const HostOptions& option
                          runtime::Membership::Attach(*state->pool, options.attach));
   CXLRT_ASSIGN_OR_RETURN(state->alloc, allocator::Allocator::Open(*state->pool, *state->membership,
                                                                   options.allocator));
+  state->publisher =
+      std::make_unique<metrics::MetricsPublisher>(*state->pool, *state->membership, *state->alloc);
+  if (absl::Status s = metrics::ServeProcessMetricsFromEnvironment(); !s.ok()) {
+    // The pool-wide view still has this host's metrics: not worth failing for.
+    CXLRT_LOG(kError) << "not serving this process's metrics: " << s;
+  }
   return Host(std::move(state));
 }
 

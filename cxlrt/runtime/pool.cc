@@ -575,6 +575,17 @@ absl::StatusOr<uint32_t> Pool::CreateRegion(absl::string_view name, PoolOffset o
     return absl::InvalidArgumentError(
         absl::StrCat("region name '", name, "' must be 1-", sizeof(e.name) - 1, " bytes"));
   }
+  // Names are read back as printable ASCII (SafeString): a name with other
+  // bytes would never be found again, and each try to make it would add an
+  // entry of the same name.
+  for (char c : name) {
+    if (c < 0x20 || c > 0x7e) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("region name '", SafeString(name.data(), name.size()), "' holds byte 0x",
+                       absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2),
+                       ": names are printable ASCII (0x20-0x7e)"));
+    }
+  }
   if (size == 0 || offset < header_.heap_offset || offset > header_.pool_size ||
       size > header_.pool_size - offset || offset % 64 != 0) {
     return absl::InvalidArgumentError(absl::StrCat("region '", name, "' [", offset, ", +", size,

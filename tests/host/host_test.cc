@@ -1,9 +1,11 @@
 // The front door (cxlrt/cxlrt.h): one call opens or creates a pool,
 // attaches and opens the allocator; stores and communicators made from a
 // Host keep its state alive; bad URIs are clear errors.
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "cxlrt/cxlrt.h"
 #include "gtest/gtest.h"
@@ -88,6 +90,12 @@ TEST(HostTest, ACommunicatorOutlivesItsHostHandle) {
   {
     auto host = Host::Open(uri, Creating());
     CXLRT_ASSERT_OK(host);
+    // A name its pool region could not carry is refused at once, on every
+    // rank (before, its creation waited for a region it could never find).
+    for (const char* bad : {"caf\xC3\xA9", "a\nb"}) {
+      CXLRT_EXPECT_ERROR(host->CreateCommunicator(bad, 2, 1), absl::StatusCode::kInvalidArgument,
+                         "printable ASCII");
+    }
     auto c = host->CreateCommunicator("solo", 1, 0);
     CXLRT_ASSERT_OK(c);
     comm = *std::move(c);
@@ -128,6 +136,29 @@ TEST(HostTest, CreateOpensAPoolThatExistsAndOpenAloneDoesNotCreate) {
   CXLRT_ASSERT_OK(second);
   EXPECT_NE(first->membership().slot(), second->membership().slot());
   EXPECT_EQ(AttachedSlots(OpenUri(uri)), 2);
+}
+
+// Processes that all create the same pool at once (what a job's ranks do
+// with create=true): one makes it, the others open it, none sees the
+// half-made header.
+TEST(HostTest, ProcessesRacingToCreateOnePoolAllOpenIt) {
+  for (int round = 0; round < 5; ++round) {
+    TempDir dir;
+    const std::string uri = PoolUri(dir, "", "64M");
+    constexpr int kProcs = 6;
+    std::vector<pid_t> pids;
+    for (int i = 0; i < kProcs; ++i) {
+      pids.push_back(::cxlrt::testing::Spawn([&]() -> int {
+        auto h = Host::Open(uri, Creating());
+        if (!h.ok()) {
+          fprintf(stderr, "racing creator: %s\n", h.status().ToString().c_str());
+          return 1;
+        }
+        return 0;
+      }));
+    }
+    for (pid_t p : pids) EXPECT_EQ(::cxlrt::testing::WaitExit(p), 0) << "round " << round;
+  }
 }
 
 TEST(HostTest, BadUrisAreClearErrors) {
