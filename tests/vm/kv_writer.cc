@@ -107,8 +107,11 @@ int Recover(const std::string& uri, uint32_t want) {
   // recover until `want` was recovered (or 30 s).
   std::vector<uint32_t> all;
   const int64_t start = MonoMs();
-  // (The allocator's own tick may recover it first: then the slot is free.)
+  // (The allocator's own tick in another process may recover it first:
+  // then the slot is free, or it was free when this process attached and
+  // this process took it.)
   for (;;) {
+    if (h->membership->slot() == want) break;
     auto rec = h->pool->ReadHost(want);
     if (!rec.ok()) return Fail("read host", rec.status());
     if (rec->state == runtime::SlotState::kFree) break;
@@ -121,7 +124,8 @@ int Recover(const std::string& uri, uint32_t want) {
     all.insert(all.end(), slots->begin(), slots->end());
     usleep(200000);
   }
-  std::printf("slot %u recovered and free after %.1f s; this call recovered %zu host(s):", want,
+  std::printf("slot %u recovered and %s after %.1f s; this call recovered %zu host(s):", want,
+              h->membership->slot() == want ? "taken again by this process" : "free",
               (MonoMs() - start) / 1e3, all.size());
   for (uint32_t s : all) std::printf(" %u", s);
   std::printf("\n");
