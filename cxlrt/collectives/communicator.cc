@@ -152,6 +152,10 @@ absl::Status Communicator::Impl::AllToAllV(const void* send, absl::Span<const si
   std::vector<size_t> sc(send_counts.begin(), send_counts.end()),
       sd(send_displs.begin(), send_displs.end()), rc(recv_counts.begin(), recv_counts.end()),
       rd(recv_displs.begin(), recv_displs.end());
+  size_t sent = 0, got = 0;
+  for (size_t n : send_counts) sent += n;
+  for (size_t n : recv_counts) got += n;
+  alltoallv_bytes_ = std::max(sent, got) * es;
   return Run(
       CollKind::kAllToAllV, type, RedOp::kSum, 0, -1, send, recv, stream,
       [=](algorithms::Call& c) { return algorithms::AllToAllV(c, send, sc, sd, recv, rc, rd); });

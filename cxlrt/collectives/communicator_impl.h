@@ -43,6 +43,7 @@
 #include "cxlrt/allocator/allocator.h"
 #include "cxlrt/collectives/algorithms/algorithm.h"
 #include "cxlrt/collectives/comm_layout.h"
+#include "cxlrt/collectives/comm_metrics.h"
 #include "cxlrt/collectives/communicator.h"
 #include "cxlrt/collectives/copy_engine.h"
 #include "cxlrt/collectives/gpu_engine.h"
@@ -119,6 +120,12 @@ struct Communicator::Impl {
   }
 
   // --- The call path (call_path.cc; Run and RunNow below). ---
+  // nccl-tests' size of a call; AllToAllV's is set by AllToAllV itself.
+  uint64_t CallBytes(CollKind kind, size_t count, DataType type) const {
+    return kind == CollKind::kAllToAllV
+               ? alltoallv_bytes_
+               : collectives_internal::CommMetrics::CallBytes(kind, count, type, nranks_);
+  }
   // Starts a collective: checks the communicator is usable and the
   // arguments, picks the engine for its buffers, numbers the call, and
   // hands the algorithm its context.
@@ -220,6 +227,7 @@ struct Communicator::Impl {
   std::unique_ptr<PoolTransport> transport_;   // after Join
 
   uint64_t calls_ = 0;
+  uint64_t alltoallv_bytes_ = 0;           // of the AllToAllV being started
   absl::Time deadline_;                    // of the current Send or Recv
   std::vector<uint64_t> sent_, received_;  // p2p chunks per peer
   std::vector<PoolOffset> buffers_;        // from Allocate
@@ -229,6 +237,8 @@ struct Communicator::Impl {
   std::atomic<GpuCopyEngine*> gpu_done_{nullptr};  // the engine the proxy reports to
   std::unique_ptr<StreamProxy> proxy_;
   bool made_block_ = false;  // rank 0 made the block (frees it if joining fails)
+  // Calls, bytes and time per collective (after Join; see comm_metrics.h).
+  std::unique_ptr<collectives_internal::CommMetrics> metrics_;
 };
 
 // Ends a wait early when a peer has died, was fenced, left or aborted, or
@@ -264,11 +274,14 @@ absl::Status Communicator::Impl::Run(CollKind kind, DataType type, RedOp op, siz
       });
     }
     if (dev) gpu_done_.store(dev, std::memory_order_release);
+    const uint64_t call_bytes = CallBytes(kind, count, type);  // AllToAllV's: now
     const uint64_t seq = proxy_->Enqueue([=, this]() -> absl::Status {
       CXLRT_RETURN_IF_ERROR(Usable());
       if (dev) CXLRT_RETURN_IF_ERROR(dev->StartAfterMark(mark));
+      const auto probe = metrics_->Begin(kind, call_bytes);
       CXLRT_ASSIGN_OR_RETURN(algorithms::Call c, Begin(kind, type, op, count, root, *engine));
       absl::Status s = algorithm(c);
+      if (s.ok()) metrics_->End(probe);
       return s.ok() ? s : SettleAfterError(*engine, std::move(s));
     });
     return dev ? dev->WaitDoneOn(stream, seq) : absl::OkStatus();
@@ -280,11 +293,14 @@ template <typename Algorithm>
 absl::Status Communicator::Impl::RunNow(CollKind kind, DataType type, RedOp op, size_t count,
                                         int root, const void* send, const void* recv, void* stream,
                                         Algorithm algorithm) {
+  const auto probe = metrics_->Begin(kind, CallBytes(kind, count, type));
   CXLRT_RETURN_IF_ERROR(Usable());
   CXLRT_ASSIGN_OR_RETURN(CopyEngine * engine, EngineFor(CollKindName(kind), {send, recv}, stream));
   CXLRT_ASSIGN_OR_RETURN(algorithms::Call c, Begin(kind, type, op, count, root, *engine));
   if (absl::Status s = algorithm(c); !s.ok()) return SettleAfterError(*engine, std::move(s));
-  return EndOnStream(engine, stream);
+  absl::Status s = EndOnStream(engine, stream);
+  if (s.ok()) metrics_->End(probe);
+  return s;
 }
 
 }  // namespace cxlrt::collectives

@@ -68,7 +68,19 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(allocator::Al
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, " of ", nranks, " ranks: need 0 <= rank < size <= 1024"));
   }
+  // Every rank refuses a name its pool region could not carry (printable
+  // ASCII), at once: not only the rank that would make the region.
+  for (char c : name) {
+    if (c < 0x20 || c > 0x7e) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("communicator name holds byte 0x",
+                       absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2),
+                       ": names are printable ASCII (0x20-0x7e)"));
+    }
+  }
   auto impl = std::make_unique<Impl>(alloc, absl::StrCat("comm/", name), nranks, rank, options);
+  impl->metrics_ = std::make_unique<collectives_internal::CommMetrics>(std::string(name), rank,
+                                                                       nranks, alloc.slot());
   absl::Status joined = impl->Join();
   if (!joined.ok()) {
     // Nothing to leave; a block this rank made for nobody goes.

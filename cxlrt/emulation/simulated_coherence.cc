@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "absl/container/btree_map.h"
+#include "cxlrt/runtime/coherence_counters.h"
 #include "cxlrt/runtime/knobs.h"
 
 namespace cxlrt::emulation {
@@ -88,6 +89,8 @@ class SimulatedCoherence final : public runtime::Coherence {
   }
 
   void DoFlush(PoolOffset off, size_t n) override {
+    counters_.flushes.Add();
+    counters_.flushed_lines.Add(runtime::LinesOf(off, n));
     std::lock_guard<std::mutex> lock(mu_);
     if (n == 0) return;
     for (auto it = lines_.lower_bound(off / kCacheLine);
@@ -98,6 +101,8 @@ class SimulatedCoherence final : public runtime::Coherence {
   }
 
   void DoInvalidate(PoolOffset off, size_t n) override {
+    counters_.invalidates.Add();
+    counters_.invalidated_lines.Add(runtime::LinesOf(off, n));
     std::lock_guard<std::mutex> lock(mu_);
     Drop(off, n);
     std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -229,6 +234,7 @@ class SimulatedCoherence final : public runtime::Coherence {
     }
   }
 
+  runtime::CoherenceCounters& counters_ = runtime::GetCoherenceCounters();
   std::mutex mu_;
   absl::btree_map<uint64_t, Line> lines_;  // guarded by mu_: line index -> private copy
 };

@@ -87,6 +87,8 @@ Store::Impl::Impl(allocator::Allocator& alloc, const StoreOptions& options)
       workers_(std::make_unique<kv_internal::Workers>(options.copy_threads)) {}
 
 Store::Impl::~Impl() {
+  collector_.reset();  // before what it reads
+  for (uint32_t id = 0; id < ns_metrics_count_; ++id) delete ns_metrics_[id].load();
   std::lock_guard<std::mutex> lock(mu_);
   if (!view_ || local_.empty()) return;
   // Fenced (or the lease cannot be renewed): the partition may be a
@@ -209,6 +211,8 @@ absl::Status Store::Impl::Init() {
   counters_.assign(h.max_namespaces, NsCountersLayout{});
   hits_ = std::make_unique<std::atomic<uint64_t>[]>(h.max_namespaces);
   misses_ = std::make_unique<std::atomic<uint64_t>[]>(h.max_namespaces);
+  ns_metrics_ = std::make_unique<std::atomic<NsMetrics*>[]>(h.max_namespaces);
+  ns_metrics_count_ = h.max_namespaces;
   {
     std::lock_guard<std::mutex> lock(ns_mu_);
     CXLRT_RETURN_IF_ERROR(RefreshNamespaces());
@@ -219,6 +223,8 @@ absl::Status Store::Impl::Init() {
     if (view_->PartitionEpoch(p) != 0) seen = p + 1;
   }
   partitions_seen_.store(seen, std::memory_order_release);
+  collector_ = std::make_unique<runtime::MetricsCollector>(
+      [this](std::vector<runtime::Sample>* out) { CollectMetrics(out); });
   return absl::OkStatus();
 }
 

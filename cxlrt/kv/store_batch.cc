@@ -252,7 +252,7 @@ std::vector<absl::StatusOr<size_t>> Store::Impl::GpuBatchGet(
                   } else if (!SealIs(p.partition, p.index, p.gen)) {
                     again.push_back(p.item);
                   } else {
-                    CountHit(ns, p.partition, p.index, p.gen);
+                    CountHit(ns, p.partition, p.index, p.gen, p.size);
                     out[p.item] = static_cast<size_t>(p.size);
                   }
                 }

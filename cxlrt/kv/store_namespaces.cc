@@ -25,6 +25,7 @@ absl::Status Store::Impl::RefreshNamespaces() {
     if (!rec) continue;
     ns_names_[id].assign(reinterpret_cast<const char*>(rec->name), rec->name_len);
     ns_ids_[ns_names_[id]] = id;
+    NoteNamespace(id);
   }
   return absl::OkStatus();
 }
@@ -53,6 +54,7 @@ absl::StatusOr<uint32_t> Store::Impl::NamespaceId(absl::string_view ns, bool cre
       c_.PublishObject(view_->NsOff(id), rec);
       ns_names_[id] = std::string(ns);
       ns_ids_[ns_names_[id]] = id;
+      NoteNamespace(id);
       return absl::OkStatus();
     }
     return absl::ResourceExhaustedError(absl::StrCat("the KV store has all ", ns_names_.size(),

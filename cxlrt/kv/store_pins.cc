@@ -22,6 +22,7 @@ using kv_internal::kPublishEvery;
 
 absl::StatusOr<size_t> Store::Impl::Lookup(absl::string_view ns,
                                            absl::Span<const std::string> chain, PinSet* pins) {
+  const runtime::SampledTimer timer;
   for (const std::string& key : chain) CXLRT_RETURN_IF_ERROR(CheckName("key", key, kMaxKeyBytes));
   auto id = NamespaceId(ns, false);
   if (!id.ok()) {
@@ -81,6 +82,10 @@ absl::StatusOr<size_t> Store::Impl::Lookup(absl::string_view ns,
   }
   hits_[*id].fetch_add(n, std::memory_order_relaxed);
   if (n < chain.size()) misses_[*id].fetch_add(1, std::memory_order_relaxed);
+  if (NsMetrics* m = MetricsOf(*id)) {
+    m->lookups.Add();
+    timer.Record(m->lookup_ns);
+  }
   if (reads_.fetch_add(1, std::memory_order_relaxed) % kPublishEvery == 0) {
     std::lock_guard<std::mutex> lock(mu_);
     PublishCounters(*id);

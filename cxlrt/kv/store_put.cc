@@ -32,23 +32,34 @@ constexpr uint64_t kParallelMinBytes = 1 << 20;
 
 absl::Status Store::Impl::Put(absl::string_view ns, absl::string_view key, const void* data,
                               size_t size) {
+  const runtime::SampledTimer timer;
   CXLRT_RETURN_IF_ERROR(CheckName("key", key, kMaxKeyBytes));
   CXLRT_ASSIGN_OR_RETURN(uint32_t id, NamespaceId(ns, true));
+  absl::Status st;
   if (gpu::KindOf(data) == runtime::MemoryKind::kGpu) {
-    return GpuBatchPut(id, ns, {PutItem{key, data, size, {}}}, {runtime::MemoryKind::kGpu}, {})[0];
+    st = GpuBatchPut(id, ns, {PutItem{key, data, size, {}}}, {runtime::MemoryKind::kGpu}, {})[0];
+  } else {
+    const PutPart part{data, size};
+    st = PutOne(id, ns, key, {&part, 1});
   }
-  const PutPart part{data, size};
-  return PutOne(id, ns, key, {&part, 1});
+  if (timer.sampled()) {
+    if (NsMetrics* m = MetricsOf(id)) timer.Record(m->put_ns);
+  }
+  return st;
 }
 
 std::vector<absl::Status> Store::Impl::BatchPut(absl::string_view ns,
                                                 absl::Span<const PutItem> items,
                                                 const BatchOptions& options) {
+  const runtime::SampledTimer timer;
   std::vector<absl::Status> out(items.size());
   auto id = NamespaceId(ns, true);
+  NsMetrics* m = id.ok() ? MetricsOf(*id) : nullptr;
   std::vector<absl::Status> refused;
   if (auto kinds = ItemKinds(items, options.memory, &refused); id.ok() && !kinds.empty()) {
-    return GpuBatchPut(*id, ns, items, kinds, refused, options.stream);
+    out = GpuBatchPut(*id, ns, items, kinds, refused, options.stream);
+    if (m != nullptr) timer.Record(m->put_ns);
+    return out;
   }
   uint64_t bytes = 0;
   for (const PutItem& it : items) {
@@ -65,6 +76,7 @@ std::vector<absl::Status> Store::Impl::BatchPut(absl::string_view ns,
     PutPart one;
     out[i] = st.ok() ? PutOne(*id, ns, it.key, PartsOf(it, &one)) : st;
   });
+  if (m != nullptr) timer.Record(m->put_ns);
   return out;
 }
 
@@ -237,6 +249,7 @@ absl::Status Store::Impl::Seal(uint32_t ns, absl::string_view key, const Reserve
   k.entries += 1;
   k.bytes += size;
   k.puts += 1;
+  if (NsMetrics* m = MetricsOf(ns)) m->put_bytes.Add(size);
   PublishCounters(ns);
   if (partitions_seen_.load(std::memory_order_relaxed) <= me_) {
     uint32_t seen = partitions_seen_.load();

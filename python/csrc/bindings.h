@@ -7,6 +7,8 @@
 
 #include <pybind11/pybind11.h>
 
+#include <string>
+
 namespace cxlrt::python {
 
 // RegisterErrors (errors.h) comes first: every binding raises its classes.
@@ -23,6 +25,12 @@ void BindCommunicator(pybind11::module_& m);
 
 // Store and Pins (store.cc).
 void BindStore(pybind11::module_& m);
+
+// process_metrics (metrics.cc; Pool.metrics is bound with Pool and defined
+// there too).
+void BindMetrics(pybind11::module_& m);
+struct PyPool;
+pybind11::object PoolMetrics(const PyPool& p, const std::string& format);
 
 }  // namespace cxlrt::python
 

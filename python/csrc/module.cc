@@ -19,4 +19,5 @@ PYBIND11_MODULE(_cxlrt, m) {
   cxlrt::python::BindBuffers(m);
   cxlrt::python::BindCommunicator(m);
   cxlrt::python::BindStore(m);
+  cxlrt::python::BindMetrics(m);
 }

@@ -58,7 +58,12 @@ void BindPool(py::module_& m) {
             if (!s.ok() && problems.empty()) problems.push_back(std::string(s.message()));
             return problems;
           },
-          "Audits the pool's metadata; returns the problems found (empty: none).");
+          "Audits the pool's metadata; returns the problems found (empty: none).")
+      .def("metrics", &PoolMetrics, py::arg("format") = "dict",
+           "The whole pool's metrics, as every host published them, with the pool's gauges "
+           "(hosts, heartbeat ages, lease margins): a dict {'hosts': [...], 'samples': [...]}, "
+           "or the Prometheus text with format='text'. The first call watches the host table "
+           "for two heartbeat periods (docs/metrics.md).");
 
   py::class_<PyHost, std::shared_ptr<PyHost>>(m, "Host",
                                               "This process attached to a pool as a host.")

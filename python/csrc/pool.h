@@ -12,12 +12,16 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "cxlrt/allocator/allocator.h"
+#include "cxlrt/metrics/http_exporter.h"
+#include "cxlrt/metrics/pool_metrics.h"
+#include "cxlrt/runtime/log.h"
 #include "cxlrt/runtime/membership.h"
 #include "cxlrt/runtime/pool.h"
 #include "python/csrc/errors.h"
@@ -26,9 +30,17 @@ namespace cxlrt::python {
 
 namespace py = pybind11;
 
+// The reader of a pool's metrics (Pool.metrics), kept between calls so
+// that heartbeat ages are measured across them.
+struct PoolMetricsState {
+  std::mutex mu;
+  std::unique_ptr<metrics::PoolMetricsReader> reader;  // guarded by mu; made on first use
+};
+
 // A pool this process has mapped.
 struct PyPool {
   std::unique_ptr<runtime::Pool> pool;
+  std::shared_ptr<PoolMetricsState> metrics = std::make_shared<PoolMetricsState>();
 };
 
 // What a host's objects use: the pool mapping, the membership and the
@@ -39,7 +51,10 @@ struct HostState {
   std::shared_ptr<PyPool> pool;
   std::unique_ptr<runtime::Membership> membership;
   std::unique_ptr<allocator::Allocator> alloc;
+  // Publishes this process's metrics into the pool (docs/metrics.md).
+  std::unique_ptr<metrics::MetricsPublisher> publisher;
   ~HostState() {
+    publisher.reset();
     alloc.reset();
     membership.reset();
   }
@@ -66,6 +81,11 @@ class PyHost {
         auto a = allocator::Allocator::Open(*state->pool->pool, *state->membership);
         if (a.ok()) {
           state->alloc = *std::move(a);
+          state->publisher = std::make_unique<metrics::MetricsPublisher>(
+              *state->pool->pool, *state->membership, *state->alloc);
+          if (absl::Status served = metrics::ServeProcessMetricsFromEnvironment(); !served.ok()) {
+            CXLRT_LOG(kError) << "not serving this process's metrics: " << served;
+          }
         } else {
           s = a.status();
         }

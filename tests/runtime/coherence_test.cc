@@ -73,6 +73,28 @@ TEST_P(CoherenceTest, PublishedBytesAreFetchedBack) {
   EXPECT_EQ(back, data);
 }
 
+// Publish copies 1-64 KiB with `rep movsb` where the CPU has ERMS and
+// with memcpy around that: every size at both bounds, off the line, lands
+// exactly, and the bytes around it stay as they were.
+TEST_P(CoherenceTest, PublishWritesExactlyItsBytesAroundTheStringCopyBounds) {
+  Coherence& c = pool_->coherence();
+  std::vector<uint8_t> data((64 << 10) + 1);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 13 + 5);
+  const std::vector<uint8_t> guard(data.size() + 256, 0xee);
+  for (size_t n : {1023, 1024, 1025, 3000, 64 << 10, (64 << 10) + 1}) {
+    c.Publish(heap_, guard.data(), guard.size());
+    c.Publish(heap_ + 67, data.data(), n);
+    std::vector<uint8_t> back(guard.size());
+    c.Fetch(back.data(), heap_, back.size());
+    EXPECT_EQ(std::memcmp(back.data() + 67, data.data(), n), 0) << n;
+    for (size_t i = 0; i < back.size(); ++i) {
+      if (i < 67 || i >= 67 + n) {
+        ASSERT_EQ(back[i], 0xee) << "byte " << i << " of size " << n;
+      }
+    }
+  }
+}
+
 TEST_P(CoherenceTest, FetchWordReadsWhatWasPublished) {
   Coherence& c = pool_->coherence();
   for (uint64_t k = 0; k < 16; ++k) {

@@ -66,6 +66,8 @@ const Env& GoodValues() {
       {"CXLRT_AFFINITY", "0,1"},         {"CXLRT_CPU_LEVEL", "baseline"},
       {"CXLRT_CUDA_REDUCE", "mapped"},   {"CXLRT_CUDA_KV_COPY", "kernel"},
       {"CXLRT_CUDA_DOORBELL", "copy"},   {"CXLRT_SIM_STALE_WRITEBACK", "allow"},
+      {"CXLRT_METRICS_SAMPLE", "1"},     {"CXLRT_METRICS_PUBLISH_MS", "250"},
+      {"CXLRT_METRICS_PORT", "9464"},    {"CXLRT_METRICS_ADDR", "0.0.0.0"},
       {"CXLRT_TEST_BOOT_ID", "boot-2"},  {"CXLRT_TORCH_ASYNC", "1"},
       {"CXLRT_TORCH_JIT", "1"},          {"CXLRT_TORCH_BUILD_VERBOSE", "1"},
       {"CXLRT_TORCH_INTER_POD", "gloo"},

@@ -4,6 +4,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "cxlrt/runtime/prometheus.h"
 #include "gtest/gtest.h"
 
 namespace cxlrt::runtime {
@@ -81,6 +83,133 @@ TEST(MetricsTest, HistogramBucketsArePowersOfTwo) {
   EXPECT_EQ(s.buckets[10], 1u);  // 1000 in [512, 1024)
   EXPECT_EQ(s.count, 7u);
   EXPECT_EQ(s.sum, 1027u);
+}
+
+const Sample* FindSample(const std::vector<Sample>& all, std::string_view name,
+                         const Labels& labels) {
+  for (const Sample& s : all) {
+    if (s.name == name && s.labels == labels) return &s;
+  }
+  return nullptr;
+}
+
+TEST(MetricsTest, LabelledMetricsAndCollectorsAreCollectedNotSnapshot) {
+  Counter a({"test.lab", "calls", "labelled"}, {{"namespace", "x"}});
+  Counter b({"test.lab", "calls", "labelled"}, {{"namespace", "y"}});
+  Counter hidden({"test.lab", "calls", "unlisted"}, {{"namespace", "z"}}, Listing::kUnlisted);
+  a.Add(2);
+  b.Add(5);
+  hidden.Add(1);
+  int runs = 0;
+  {
+    MetricsCollector c([&](std::vector<Sample>* out) {
+      ++runs;
+      out->push_back(GaugeSample({"test.gauge", "bytes", "a gauge"}, {{"k", "v"}}, 1.5));
+    });
+    const std::vector<Sample> all = CollectMetrics();
+    EXPECT_EQ(runs, 1);
+    ASSERT_NE(FindSample(all, "test.lab", {{"namespace", "x"}}), nullptr);
+    EXPECT_EQ(FindSample(all, "test.lab", {{"namespace", "x"}})->count, 2u);
+    EXPECT_EQ(FindSample(all, "test.lab", {{"namespace", "y"}})->count, 5u);
+    EXPECT_EQ(FindSample(all, "test.lab", {{"namespace", "z"}}), nullptr) << "unlisted";
+    ASSERT_NE(FindSample(all, "test.gauge", {{"k", "v"}}), nullptr);
+    EXPECT_EQ(FindSample(all, "test.gauge", {{"k", "v"}})->gauge, 1.5);
+    EXPECT_EQ(FindCounter(SnapshotMetrics(), "test.lab"), nullptr) << "snapshots list unlabelled";
+  }
+  const std::vector<Sample> all = CollectMetrics();
+  EXPECT_EQ(runs, 1);
+  EXPECT_EQ(FindSample(all, "test.gauge", {{"k", "v"}}), nullptr) << "a gone collector";
+}
+
+TEST(MetricsTest, AWeightedRecordCountsForTheCallsNotTimed) {
+  Histogram h({"test.weighted", "ns", "weighted"});
+  h.Record(100, 16);
+  h.Record(3);
+  const Histogram::Snapshot s = h.Read();
+  EXPECT_EQ(s.count, 17u);
+  EXPECT_EQ(s.sum, 1603u);
+  EXPECT_EQ(s.buckets[Histogram::BucketOf(100)], 16u);
+}
+
+TEST(MetricsTest, AThreadTimesItsFirstCallsThenOneInAPeriodWithItsWeight) {
+  const uint32_t p = MetricsSamplePeriod();  // CXLRT_METRICS_SAMPLE, 64 unless set
+  ASSERT_GT(p, 0u);
+  std::vector<uint32_t> weights;
+  std::thread([&] {
+    for (uint32_t i = 0; i < 4 * p; ++i) weights.push_back(TimeThisCall());
+  }).join();
+  uint64_t timed = 0, total = 0;
+  for (uint32_t i = 0; i < weights.size(); ++i) {
+    if (i < p) {
+      EXPECT_EQ(weights[i], 1u) << "call " << i << " of the first " << p;
+    } else {
+      EXPECT_EQ(weights[i], (i - p) % p == 0 ? p : 0u) << "call " << i;
+    }
+    timed += weights[i] != 0;
+    total += weights[i];
+  }
+  EXPECT_EQ(timed, p + 3);
+  EXPECT_EQ(total, uint64_t{4} * p) << "the weights add up to the calls";
+}
+
+TEST(MetricsTest, PrometheusTextNamesUnitsBucketsAndEscapes) {
+  std::vector<Sample> in;
+  in.push_back(CounterSample({"kv.hits", "calls", "Hits."}, {{"namespace", "a\"b\nc"}}, 4));
+  in.push_back(CounterSample({"kv.hits", "calls", "Hits."}, {{"namespace", "d"}}, 6));
+  in.push_back(CounterSample({"collective.time", "ns", "Time."}, {}, 2500000000));
+  in.push_back(GaugeSample({"kv.stored_bytes", "bytes", "Bytes."}, {}, 12));
+  Histogram::Snapshot h;
+  h.buckets[Histogram::BucketOf(100)] = 2;   // 100 ns: below 256 ns
+  h.buckets[Histogram::BucketOf(3000)] = 1;  // 3 us: below 4096 ns
+  h.count = 3;
+  h.sum = 3200;
+  in.push_back(HistogramSample({"kv.get_latency", "ns", "Get."}, {{"namespace", "d"}}, h));
+  const std::string t = PrometheusText(in);
+  EXPECT_TRUE(absl::StrContains(t, "# TYPE cxlrt_kv_hits_total counter\n")) << t;
+  EXPECT_TRUE(absl::StrContains(t, "cxlrt_kv_hits_total{namespace=\"a\\\"b\\nc\"} 4\n")) << t;
+  EXPECT_TRUE(absl::StrContains(t, "cxlrt_kv_hits_total{namespace=\"d\"} 6\n")) << t;
+  EXPECT_EQ(t.find("# TYPE cxlrt_kv_hits_total"), t.rfind("# TYPE cxlrt_kv_hits_total"))
+      << "one TYPE per family";
+  EXPECT_TRUE(absl::StrContains(t, "cxlrt_collective_time_seconds_total 2.5\n")) << t;
+  EXPECT_TRUE(absl::StrContains(t, "# TYPE cxlrt_kv_stored_bytes gauge\ncxlrt_kv_stored_bytes"))
+      << t;
+  EXPECT_TRUE(absl::StrContains(t, "# TYPE cxlrt_kv_get_latency_seconds histogram")) << t;
+  EXPECT_TRUE(absl::StrContains(
+      t, "cxlrt_kv_get_latency_seconds_bucket{namespace=\"d\",le=\"2.56e-07\"} 2\n"))
+      << t;
+  EXPECT_TRUE(absl::StrContains(
+      t, "cxlrt_kv_get_latency_seconds_bucket{namespace=\"d\",le=\"1.024e-06\"} 2\n"))
+      << t;
+  EXPECT_TRUE(absl::StrContains(
+      t, "cxlrt_kv_get_latency_seconds_bucket{namespace=\"d\",le=\"4.096e-06\"} 3\n"))
+      << t;
+  EXPECT_TRUE(
+      absl::StrContains(t, "cxlrt_kv_get_latency_seconds_bucket{namespace=\"d\",le=\"+Inf\"} 3\n"))
+      << t;
+  EXPECT_TRUE(absl::StrContains(t, "cxlrt_kv_get_latency_seconds_sum{namespace=\"d\"} 3.2e-06\n"))
+      << t;
+  EXPECT_TRUE(absl::StrContains(t, "cxlrt_kv_get_latency_seconds_count{namespace=\"d\"} 3\n")) << t;
+}
+
+// Label values are any bytes (a namespace named by a caller, another host's
+// area): the text stays valid UTF-8 without control characters, or a
+// scraper rejects the whole target.
+TEST(MetricsTest, LabelValuesThatAreNotPrintableUtf8AreReplaced) {
+  EXPECT_EQ(PrintableUtf8("plain \xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80"),
+            "plain \xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80");  // é, €, an emoji pass
+  EXPECT_EQ(PrintableUtf8("bad\xFF\xFEns"), "bad\xEF\xBF\xBD\xEF\xBF\xBDns");
+  EXPECT_EQ(PrintableUtf8("\x1B[2J"), "\xEF\xBF\xBD[2J");            // escape sequences
+  EXPECT_EQ(PrintableUtf8("\xC0\xAF"), "\xEF\xBF\xBD\xEF\xBF\xBD");  // overlong '/'
+  EXPECT_EQ(PrintableUtf8("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // a surrogate
+  EXPECT_EQ(PrintableUtf8("cut \xE2\x82"), "cut \xEF\xBF\xBD\xEF\xBF\xBD");          // truncated
+  EXPECT_EQ(PrintableUtf8("a\nb"),
+            "a\xEF\xBF\xBD"
+            "b");
+  EXPECT_EQ(PrintableUtf8("a\nb", /*keep_newline=*/true), "a\nb");
+  std::vector<Sample> in;
+  in.push_back(CounterSample({"kv.hits", "calls", "Hits."}, {{"namespace", "bad\xFF\x1B"}}, 1));
+  EXPECT_TRUE(absl::StrContains(
+      PrometheusText(in), "cxlrt_kv_hits_total{namespace=\"bad\xEF\xBF\xBD\xEF\xBF\xBD\"} 1\n"));
 }
 
 }  // namespace

@@ -86,6 +86,13 @@ TEST_F(PoolTest, CreateOpenDestroyRoundTrip) {
   auto regions = (*pool)->ListRegions();
   CXLRT_ASSERT_OK(regions);
   EXPECT_TRUE(regions->empty());
+  // A name that would not read back as itself (names are printable ASCII)
+  // is refused before anything is written.
+  for (const char* bad : {"comm/\xC3\xA9", "a\nb", "x\x7f"}) {
+    CXLRT_EXPECT_ERROR((*pool)->CreateRegion(bad, h.heap_offset, 64, 0),
+                       absl::StatusCode::kInvalidArgument, "printable ASCII");
+  }
+  EXPECT_TRUE((*pool)->ListRegions()->empty());
   for (uint32_t i = 0; i < 8; ++i) {
     auto r = (*pool)->ReadHost(i);
     CXLRT_ASSERT_OK(r);

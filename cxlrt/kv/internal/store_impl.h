@@ -46,8 +46,21 @@
 #include "cxlrt/kv/internal/workers.h"
 #include "cxlrt/kv/kv_layout.h"
 #include "cxlrt/kv/store.h"
+#include "cxlrt/runtime/metrics.h"
 
 namespace cxlrt::kv {
+
+// This process's metrics of one namespace (docs/metrics.md): made when the
+// store first learns the namespace's id, read by the store's collector
+// without the store's locks. The hits and misses are hits_ / misses_.
+struct NsMetrics {
+  explicit NsMetrics(std::string ns_name);
+  const std::string name;
+  runtime::Counter lookups;    // Lookup calls
+  runtime::Counter get_bytes;  // value bytes of gets that hit
+  runtime::Counter put_bytes;  // value bytes of puts that sealed
+  runtime::Histogram lookup_ns, put_ns, get_ns;
+};
 
 struct Store::Impl {
   Impl(allocator::Allocator& alloc, const StoreOptions& options);
@@ -191,11 +204,20 @@ struct Store::Impl {
                                    Evicted* evicted = nullptr);
 
   // --- Counters and stats (store_inspect.cc) ---
-  // A hit of (partition, index, gen): counted, and touched when it is ours.
-  void CountHit(uint32_t ns, uint32_t partition, uint32_t index, uint64_t gen);
+  // A hit of (partition, index, gen) that got `bytes`: counted, and touched
+  // when it is ours.
+  void CountHit(uint32_t ns, uint32_t partition, uint32_t index, uint64_t gen, uint64_t bytes);
   void Count(std::atomic<uint64_t>* counter, uint32_t ns);
   void PublishCounters(uint32_t ns);
   absl::StatusOr<StoreStats> Stats();
+  // The metrics of namespace `id` (made by NoteNamespace), or null.
+  NsMetrics* MetricsOf(uint32_t id) const {
+    return id < ns_metrics_count_ ? ns_metrics_[id].load(std::memory_order_acquire) : nullptr;
+  }
+  // Makes the metrics of namespace `id`, named `name`, once. REQUIRES: ns_mu_.
+  void NoteNamespace(uint32_t id);
+  // The samples of this store's metrics (its collector).
+  void CollectMetrics(std::vector<runtime::Sample>* out);
 
   // --- State (declared in the order it is made; destroyed in reverse) ---
   std::mutex gpu_mu_;                    // one GPU batch at a time
@@ -233,6 +255,12 @@ struct Store::Impl {
   std::atomic<uint32_t> partitions_seen_{0};
 
   std::unique_ptr<kv_internal::Workers> workers_;
+
+  // By namespace id; each set once under ns_mu_, freed with the Impl.
+  std::unique_ptr<std::atomic<NsMetrics*>[]> ns_metrics_;
+  uint32_t ns_metrics_count_ = 0;
+  // Registered last, unregistered first (it reads the state above).
+  std::unique_ptr<runtime::MetricsCollector> collector_;
 };
 
 }  // namespace cxlrt::kv

@@ -18,6 +18,15 @@ hash, salt), in one namespace (`namespace`, default "lmcache"). Values are
 write-once: a chunk already stored counts as stored. The pool:
 `adapter_params["pool"]`, else CXLRT_POOL; the store is made when the pool
 has none.
+
+LMCache's counters of an L2 backend are fed by its own adapter from these
+completions: bytes in use (`get_usage()`, which drives its eviction), the
+keys stored, accessed and deleted (events on its observability bus), and
+each store task's bytes. So that they stay true, a store batch is all or
+nothing (LMCache takes a batch's result as one flag and counts no byte of a
+failed one): when a chunk of it fails, the chunks it did store are deleted
+again; loads, lookups and deletes answer per key. A native plugin has no
+hook of its own into LMCache's status (`report_status`).
 """
 
 from __future__ import annotations
@@ -117,6 +126,13 @@ class CxlrtL2Connector:
         if op == "set":
             res = s.batch_put(self.ns, keys, views)
             bad = [r for r in res if r is not None and not isinstance(r, cxlrt.AlreadyExistsError)]
+            if bad:  # all or nothing: undo what this batch stored
+                for k, r in zip(keys, res):
+                    if r is None:
+                        try:
+                            s.delete(self.ns, k)
+                        except cxlrt.NotFoundError:
+                            pass  # evicted meanwhile
             return (not bad, f"{type(bad[0]).__name__}: {bad[0]}" if bad else "", None)
         if op == "get":
             res = s.batch_get_into(self.ns, keys, views)

@@ -27,6 +27,14 @@ another rank or server already stored counts as stored.
 
 The pool: `extra_config["pool"]`, else CXLRT_POOL. The store is made when
 the pool has none.
+
+Metrics: `get_stats` hands SGLang its StorageMetrics, as its Mooncake and
+3FS backends do: per batch, the pages prefetched (got) and backed up (newly
+stored; pages already there move nothing) and the GB/s of each, since the
+last call. SGLang's StorageMetricsCollector turns them into its
+sglang:prefetch_pgs, backup_pgs, prefetch_bandwidth and backup_bandwidth
+histograms, per TP rank (each rank has its own backend). The store's own
+per-namespace counters are `cxlrt kv stats`.
 """
 
 from __future__ import annotations
@@ -34,6 +42,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import threading
+import time
+from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 import torch
@@ -71,6 +82,16 @@ def _namespace(cfg: HiCacheStorageConfig) -> str:
     return ns
 
 
+@dataclass
+class _Batches:
+    """The batches since SGLang last asked, in StorageMetrics' fields."""
+
+    prefetch_pgs: List[int] = field(default_factory=list)
+    backup_pgs: List[int] = field(default_factory=list)
+    prefetch_bandwidth: List[float] = field(default_factory=list)
+    backup_bandwidth: List[float] = field(default_factory=list)
+
+
 class CxlrtHiCacheStorage(HiCacheStorage):
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None):
         extra = storage_config.extra_config or {}
@@ -82,6 +103,18 @@ class CxlrtHiCacheStorage(HiCacheStorage):
         self.host = cxlrt.Host(uri, create=True)
         self.store = self.host.store(create=True)
         self.mem_pool_host = None
+        # SGLang's prefetch and backup threads record, its scheduler takes.
+        self._metrics_lock = threading.Lock()
+        self._metrics = _Batches()
+
+    def _record(self, kind: str, pages: int, nbytes: int, seconds: float) -> None:
+        """One batch of `kind` ("prefetch" or "backup") that moved `pages`."""
+        if pages == 0:
+            return
+        gbps = nbytes / seconds / (1 << 30) if seconds > 0 else 0.0  # SGLang's GB: 2^30
+        with self._metrics_lock:
+            getattr(self._metrics, f"{kind}_pgs").append(pages)
+            getattr(self._metrics, f"{kind}_bandwidth").append(gbps)
 
     # --- zero copy (v1) ---
 
@@ -99,7 +132,12 @@ class CxlrtHiCacheStorage(HiCacheStorage):
         if not keys:
             return []
         per, ptrs, sizes = self._page_buffers(keys, host_indices)
+        start = time.perf_counter()
         res = self.store._s.batch_put_ptrs(self.ns, [k.encode() for k in keys], ptrs, sizes, per)
+        seconds = time.perf_counter() - start
+        new = [i for i, r in enumerate(res) if r is None]
+        self._record("backup", len(new), sum(sum(sizes[i * per:(i + 1) * per]) for i in new),
+                     seconds)
         return [r is None or isinstance(r, cxlrt.AlreadyExistsError) for r in res]
 
     def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor,
@@ -107,13 +145,26 @@ class CxlrtHiCacheStorage(HiCacheStorage):
         if not keys:
             return []
         per, ptrs, sizes = self._page_buffers(keys, host_indices)
+        start = time.perf_counter()
         res = self.store._s.batch_get_ptrs(self.ns, [k.encode() for k in keys], ptrs, sizes, per)
-        return [isinstance(r, int) for r in res]  # a page of another size is an error
+        seconds = time.perf_counter() - start
+        got = [i for i, r in enumerate(res) if isinstance(r, int)]  # another size: an error
+        self._record("prefetch", len(got), sum(sum(sizes[i * per:(i + 1) * per]) for i in got),
+                     seconds)
+        return [isinstance(r, int) for r in res]
 
     # --- tensors (v0) ---
 
     def get(self, key: str, target_location: Optional[Any] = None,
             target_sizes: Optional[Any] = None) -> torch.Tensor | None:
+        start = time.perf_counter()
+        out = self._get(key, target_location)
+        if out is not None:
+            self._record("prefetch", 1, out.numel() * out.element_size(),
+                         time.perf_counter() - start)
+        return out
+
+    def _get(self, key: str, target_location: Optional[Any]) -> torch.Tensor | None:
         try:
             if target_location is None:
                 data = self.store.get(self.ns, key)
@@ -135,12 +186,20 @@ class CxlrtHiCacheStorage(HiCacheStorage):
     def batch_get(self, keys: List[str], target_locations: Optional[Any] = None,
                   target_sizes: Optional[Any] = None) -> List[torch.Tensor | None]:
         locs = target_locations or [None] * len(keys)
-        return [self.get(k, t) for k, t in zip(keys, locs)]
+        start = time.perf_counter()
+        out = [self._get(k, t) for k, t in zip(keys, locs)]
+        got = [t for t in out if t is not None]
+        self._record("prefetch", len(got), sum(t.numel() * t.element_size() for t in got),
+                     time.perf_counter() - start)
+        return out
 
     def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,
             target_sizes: Optional[Any] = None) -> bool:
         try:
-            self.store.put(self.ns, key, value.contiguous().view(torch.uint8).view(-1))
+            data = value.contiguous().view(torch.uint8).view(-1)
+            start = time.perf_counter()
+            self.store.put(self.ns, key, data)
+            self._record("backup", 1, data.numel(), time.perf_counter() - start)
             return True
         except cxlrt.AlreadyExistsError:
             return True  # write-once: the page is there
@@ -152,7 +211,11 @@ class CxlrtHiCacheStorage(HiCacheStorage):
                   target_locations: Optional[Any] = None,
                   target_sizes: Optional[Any] = None) -> bool:
         vals = [v.contiguous().view(torch.uint8).view(-1) for v in values]
+        start = time.perf_counter()
         res = self.store.batch_put(self.ns, keys, vals)
+        new = [v for v, r in zip(vals, res) if r is None]
+        self._record("backup", len(new), sum(v.numel() for v in new),
+                     time.perf_counter() - start)
         return all(r is None or isinstance(r, cxlrt.AlreadyExistsError) for r in res)
 
     def exists(self, key: str) -> bool:
@@ -167,4 +230,13 @@ class CxlrtHiCacheStorage(HiCacheStorage):
         pass  # write-once entries go by eviction, not by a clear
 
     def get_stats(self):
-        return self.store.stats()["namespaces"].get(self.ns)
+        """SGLang's StorageMetrics of the batches since the last call (its
+        radix cache logs them to Prometheus). Imported here, not with the
+        backend: SGLang's metrics module pulls in its model configs."""
+        from sglang.srt.observability.metrics_collector import StorageMetrics
+
+        with self._metrics_lock:
+            b, self._metrics = self._metrics, _Batches()
+        return StorageMetrics(prefetch_pgs=b.prefetch_pgs, backup_pgs=b.backup_pgs,
+                              prefetch_bandwidth=b.prefetch_bandwidth,
+                              backup_bandwidth=b.backup_bandwidth)

@@ -43,6 +43,12 @@ sharing a namespace must lay pages out alike (the same attention
 backend); a value of another size is never loaded (a load error, not
 wrong bytes). The pool: `extra_config["pool"]`, else CXLRT_POOL; the store
 is made when the pool has none.
+
+Stats: vLLM's KVConnectorStats (vllm_stats.py): lookups, hits and hit
+tokens from the scheduler; blocks, bytes and time of loads and stores from
+each worker, kept per rank so that they stay right across tensor-parallel
+ranks; in vLLM's "KV Transfer metrics" log line and its Prometheus metrics
+(vllm:cxlrt_*).
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ import hashlib
 import itertools
 import logging
 import os
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
@@ -66,9 +73,12 @@ from vllm.v1.core.kv_cache_utils import resolve_dcp_kv_block_size
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 import cxlrt
+from cxlrt.connectors.vllm_stats import CxlrtKVConnectorStats, CxlrtPromMetrics
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+        KVConnectorPromMetrics, KVConnectorStats, PromMetric, PromMetricT)
     from vllm.forward_context import ForwardContext
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -111,6 +121,7 @@ class _Request:
     load: Optional[tuple[int, int]] = None  # blocks [first, end) to load
     no_load_from: Optional[int] = None  # a load of this block failed: never offered again
     block_ids: list[int] = field(default_factory=list)  # its KV cache blocks
+    asked: bool = False  # get_num_new_matched_tokens since its last admission
 
 
 def _seed(request: "Request") -> bytes:
@@ -170,10 +181,12 @@ class CxlrtConnector(KVConnectorBase_V1):
         # Worker side.
         self._segments: list[tuple[int, int, int]] = []
         self._num_blocks = 0
+        self._block_bytes = 0
         self._load_errors: set[int] = set()
         self._device: Optional[torch.device] = None
         self._loader: Optional[ThreadPoolExecutor] = None  # one thread: async loads
         self._loading: dict[str, tuple[Transfers, Future]] = {}
+        self._stats = CxlrtKVConnectorStats()  # since the last get_kv_connector_stats
 
     # --- namespaces ---
 
@@ -232,6 +245,7 @@ class CxlrtConnector(KVConnectorBase_V1):
         st = self._state(request)
         self._release(st)  # asked again (a retry, or resumed after preemption)
         st.load = None
+        st.asked = True
         # At least one token must be left to compute.
         most = min(len(st.keys), (request.num_tokens - 1) // self._block_size)
         if st.no_load_from is not None:  # retried after a failed load: recomputed
@@ -256,6 +270,13 @@ class CxlrtConnector(KVConnectorBase_V1):
         st = self._reqs.get(request.request_id)
         if st is None:
             return
+        if st.asked:  # admitted: one lookup (vLLM also calls this after an async load)
+            st.asked = False
+            self._stats.count("lookups")
+            if num_external_tokens > 0:
+                self._stats.count("hit_requests")
+                self._stats.count("hit_tokens", num_external_tokens)
+                self._stats.count("hit_blocks", num_external_tokens // self._block_size)
         if num_external_tokens == 0:
             st.load = None
             self._release(st)
@@ -357,6 +378,7 @@ class CxlrtConnector(KVConnectorBase_V1):
             self._device = t.device
         self._segments = segments
         self._num_blocks = num_blocks
+        self._block_bytes = sum(n for _, _, n in segments)  # one block, every layer
 
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
@@ -365,21 +387,27 @@ class CxlrtConnector(KVConnectorBase_V1):
             if self._loader is None:
                 self._loader = ThreadPoolExecutor(1, "cxlrt-load", initializer=self._on_device)
             self._loading[req_id] = (t, self._loader.submit(
-                self._transfer, self.store._s.batch_get_paged, t))
+                self._timed_transfer, self.store._s.batch_get_paged, t))
         if meta.loads.keys:
-            self._check_loaded(meta.loads, self._transfer(self.store._s.batch_get_paged,
-                                                          meta.loads))
+            self._check_loaded(meta.loads, *self._timed_transfer(self.store._s.batch_get_paged,
+                                                                 meta.loads))
 
     def _on_device(self) -> None:
         """The loader thread copies to and from the worker's own GPU."""
         if self._device is not None and self._device.type == "cuda":
             torch.cuda.set_device(self._device)
 
-    def _check_loaded(self, t: Transfers, res: list) -> None:
+    def _check_loaded(self, t: Transfers, res: list, seconds: float) -> None:
+        w = self._stats.worker(self._rank)
+        w["load_seconds"].append(seconds)
         for block, r in zip(t.block_ids, res):
             if not isinstance(r, int):
                 logger.warning("cxlrt: block %d did not load (%s); vLLM recomputes it", block, r)
                 self._load_errors.add(block)
+                w["load_failed_blocks"] += 1
+            else:
+                w["loaded_blocks"] += 1
+                w["loaded_bytes"] += self._block_bytes
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[Optional[set[str]],
                                                                  Optional[set[str]]]:
@@ -389,10 +417,11 @@ class CxlrtConnector(KVConnectorBase_V1):
         for req_id in done:
             t, f = self._loading.pop(req_id)
             try:
-                self._check_loaded(t, f.result())
+                self._check_loaded(t, *f.result())
             except Exception as e:  # noqa: BLE001 - every block of it failed
                 logger.warning("cxlrt: request %s's blocks did not load: %s", req_id, e)
                 self._load_errors.update(t.block_ids)
+                self._stats.worker(self._rank)["load_failed_blocks"] += len(t.block_ids)
         return None, done or None
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -409,10 +438,22 @@ class CxlrtConnector(KVConnectorBase_V1):
             return
         if self._device is not None and self._device.type == "cuda":
             torch.cuda.current_stream(self._device).synchronize()  # the forward's writes
-        res = self._transfer(self.store._s.batch_put_paged, meta.saves)
+        res, seconds = self._timed_transfer(self.store._s.batch_put_paged, meta.saves)
+        w = self._stats.worker(self._rank)
+        w["store_seconds"].append(seconds)
         for r in res:
-            if r is not None and not isinstance(r, cxlrt.AlreadyExistsError):
+            if r is None:
+                w["stored_blocks"] += 1
+                w["stored_bytes"] += self._block_bytes
+                continue
+            w["store_skipped_blocks"] += 1  # already there (another server's), or failed
+            if not isinstance(r, cxlrt.AlreadyExistsError):
                 logger.warning("cxlrt: a block was not stored: %s", r)  # a later miss
+
+    def _timed_transfer(self, call, t: Transfers) -> tuple[list, float]:
+        start = time.perf_counter()
+        res = self._transfer(call, t)
+        return res, time.perf_counter() - start
 
     def _transfer(self, call, t: Transfers) -> list:
         if not self._segments:
@@ -422,6 +463,28 @@ class CxlrtConnector(KVConnectorBase_V1):
             raise ValueError(f"cxlrt vLLM connector: block ids {bad[:4]} outside the cache's "
                              f"{self._num_blocks} blocks")
         return call(self._worker_namespace(), t.keys, t.block_ids, self._segments)
+
+    # --- stats (vllm_stats.py) ---
+
+    def get_kv_connector_stats(self) -> Optional["KVConnectorStats"]:
+        """This side's counts since the last call (vLLM merges the workers'
+        and the scheduler's, then every step of a logging interval)."""
+        if self._stats.is_empty():
+            return None
+        stats, self._stats = self._stats, CxlrtKVConnectorStats()
+        return stats
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: Optional[dict[str, Any]] = None
+                                 ) -> Optional["KVConnectorStats"]:
+        return CxlrtKVConnectorStats(data=data) if data is not None else CxlrtKVConnectorStats()
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: "VllmConfig",
+                           metric_types: dict[type["PromMetric"], type["PromMetricT"]],
+                           labelnames: list[str], per_engine_labelvalues: dict[int, list[object]]
+                           ) -> "KVConnectorPromMetrics":
+        return CxlrtPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()

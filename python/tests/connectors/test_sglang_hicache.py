@@ -9,6 +9,7 @@ out page addresses the way SGLang's page_first pools do
 
 import itertools
 import multiprocessing as mp
+import functools
 import os
 import uuid
 
@@ -93,7 +94,7 @@ def test_tensors_batches_and_prefix_exists(uri):
     got = b.batch_get(keys[:5], [torch.empty(4, 32, dtype=torch.bfloat16) for _ in range(5)])
     assert all(torch.equal(got[i], pages[i]) for i in range(4)) and got[4] is None
     assert b.get("h1", torch.empty(8, dtype=torch.uint8)) is None  # too small: a miss
-    assert b.get_stats()["entries"] == 4
+    assert b.store.stats()["namespaces"][b.ns]["entries"] == 4
 
 
 def test_zero_copy_pages_round_trip(uri):
@@ -113,6 +114,88 @@ def test_zero_copy_pages_round_trip(uri):
     for i in range(5):
         assert (host.kv_buffer[10 + i] == 3 + i).all()
     assert b.batch_get_v1(["z-missing"], torch.arange(4)) == [False]
+
+
+def _sglang_metrics_module():
+    """SGLang's metrics module, sglang.srt.observability.metrics_collector.
+    Importing it pulls in SGLang's model configs and with them torchvision,
+    which the venv cannot have (no torchvision for its torch yet). Then the
+    module is made from the installed file's own source of what storage
+    metrics are, StorageMetrics, StorageMetricsCollector and the mixin it
+    derives from, and registered under SGLang's name, so that the backend's
+    get_stats and the test use that code, unchanged."""
+    import sys
+    try:
+        from sglang.srt.observability import metrics_collector
+        return metrics_collector
+    except ImportError:
+        pass
+    import ast
+    import importlib.util
+    import types
+    name = "sglang.srt.observability.metrics_collector"
+    path = os.path.join(os.path.dirname(importlib.util.find_spec("sglang").origin), "srt",
+                        "observability", "metrics_collector.py")
+    tree = ast.parse(open(path).read())
+    wanted = {"_StatLoggerDIMixin", "StorageMetrics", "StorageMetricsCollector"}
+    found = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name in wanted]
+    assert {n.name for n in found} == wanted, f"{path} no longer defines {wanted}"
+    mod = types.ModuleType(name)
+    mod.__file__ = path
+    exec("from dataclasses import dataclass, field\nfrom typing import *\n", mod.__dict__)
+    exec(compile(ast.Module(body=found, type_ignores=[]), path, "exec"), mod.__dict__)
+    sys.modules[name] = mod
+    return mod
+
+
+def collector(tp_rank):
+    """SGLang's StorageMetricsCollector (what its radix cache feeds get_stats()
+    to), emitting into a registry of the test's own."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+    reg = CollectorRegistry()
+
+    class Collector(_sglang_metrics_module().StorageMetricsCollector):
+        _counter_cls = functools.partial(Counter, registry=reg)
+        _gauge_cls = functools.partial(Gauge, registry=reg)
+        _histogram_cls = functools.partial(Histogram, registry=reg)
+
+    labels = {"model_name": "org/test-model", "tp_rank": str(tp_rank)}
+    return Collector(labels), lambda name: reg.get_sample_value(f"sglang:{name}", labels)
+
+
+def test_sglangs_storage_metrics_count_the_pages_of_each_tp_rank(uri):
+    page_bytes = 8192
+    for tp_rank, n in ((0, 5), (1, 3)):  # each rank its own backend, shard and collector
+        b = make(uri, tp_rank=tp_rank, tp_size=2)
+        host = PageFirstHostPool(pages=16, page_size=4, page_bytes=page_bytes)
+        b.register_mem_pool_host(host)
+        c, value = collector(tp_rank)
+        keys = [f"m{i}" for i in range(n)]
+        assert b.batch_set_v1(keys, torch.arange(0, 4 * n)) == [True] * n
+        assert b.batch_set_v1(keys[:2], torch.arange(0, 8)) == [True] * 2  # there: not moved
+        got = b.batch_get_v1(keys + ["m-missing"], torch.arange(0, 4 * (n + 1)))
+        assert got == [True] * n + [False]  # n hits of n + 1
+        assert b.batch_get_v1(["m-missing"], torch.arange(4)) == [False]  # moved nothing
+        m = b.get_stats()
+        m.prefetch_stats = None  # as SGLang's radix cache adds before logging
+        c.log_storage_metrics(m)
+        # One batch each way that moved pages; the pages each moved.
+        assert value("backup_pgs_count") == 1 and value("backup_pgs_sum") == n
+        assert value("prefetch_pgs_count") == 1 and value("prefetch_pgs_sum") == n
+        assert value("backup_bandwidth_count") == 1 and value("backup_bandwidth_sum") > 0
+        assert value("prefetch_bandwidth_count") == 1 and value("prefetch_bandwidth_sum") > 0
+        # get_stats hands each batch once.
+        again = b.get_stats()
+        assert again.prefetch_pgs == [] and again.backup_pgs == []
+    # v0 tensors count too: 2 pages stored (one twice), 1 got.
+    b = make(uri)
+    page = torch.ones(4, 32, dtype=torch.bfloat16)
+    assert b.set("t0", page) and b.set("t0", page) and b.batch_set(["t1"], [page])
+    assert b.get("t1", torch.empty(4, 32, dtype=torch.bfloat16)) is not None
+    assert b.get("t-missing") is None
+    m = b.get_stats()
+    assert (m.backup_pgs, m.prefetch_pgs) == ([1, 1], [1])
+    assert len(m.backup_bandwidth) == 2 and len(m.prefetch_bandwidth) == 1
 
 
 def test_a_pages_k_and_v_buffers_are_one_value(uri):

@@ -8,6 +8,7 @@ prefix, so a block loaded from the store can be checked exactly. vLLM's
 model runner needs a GPU (or vLLM's CPU build), so it is the one part not
 run here. Needs torch and vllm (the project's .venv)."""
 
+import functools
 import json
 import multiprocessing as mp
 import os
@@ -23,6 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,  # noqa: E402
                          ParallelConfig, SchedulerConfig, VllmConfig)
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
@@ -69,11 +71,12 @@ class Server:
     allocates, or "blocks_first" [blocks, 2, ...] as FlashInfer does)."""
 
     def __init__(self, model_dir, uri, layout="kv_first", layers=LAYERS, on_load_failure="fail",
-                 load_async=False):
+                 load_async=False, tp=1):
         config = VllmConfig(
             model_config=ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float16",
                                      max_model_len=2048, seed=0),
             cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True),
+            parallel_config=ParallelConfig(tensor_parallel_size=tp),
             scheduler_config=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256,
                                              max_model_len=2048, is_encoder_decoder=False),
             device_config=DeviceConfig("cpu"),
@@ -89,19 +92,28 @@ class Server:
         config.cache_config.num_gpu_blocks = BLOCKS
         init_none_hash(sha256)
         self.hasher = get_request_block_hasher(BLOCK, sha256)
+        self.config = config
         self.scheduler = Scheduler(vllm_config=config, kv_cache_config=kv_config,
                                    structured_output_manager=StructuredOutputManager(config),
-                                   block_size=BLOCK, log_stats=False)
+                                   block_size=BLOCK, log_stats=True)
         assert isinstance(self.scheduler.connector, CxlrtConnector)
-        # The worker side, made by vLLM's factory as a worker makes it.
-        self.worker = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER,
-                                                          kv_config)
         shape = ((2, BLOCKS, BLOCK, HEADS, HEAD_SIZE) if layout == "kv_first"
                  else (BLOCKS, 2, BLOCK, HEADS, HEAD_SIZE))
         self.layout = layout
         self.kv = {name: torch.zeros(shape, dtype=torch.float16) for name in layers}
-        self.worker.register_kv_caches(self.kv)
-        self.workers = [self.worker]
+        # The worker side, made by vLLM's factory as a worker makes it, one
+        # per tensor-parallel rank (after the worker set its rank). The ranks
+        # share one cache here: each stores and loads it in its own
+        # namespace, as each would its own heads.
+        self.workers = []
+        for rank in range(tp):
+            config.parallel_config.rank = rank
+            w = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER, kv_config)
+            w.register_kv_caches(self.kv)
+            self.workers.append(w)
+        config.parallel_config.rank = 0
+        self.worker = self.workers[0]
+        self.stats = []  # the scheduler's kv_connector_stats payloads, as the loggers get them
         self.requests = {}
         self.first_computed = {}  # request -> tokens it started with (local + external)
         self.load_errors = set()
@@ -125,6 +137,8 @@ class Server:
         """Steps until every request finished; the "forward" writes each
         computed token's KV and samples token 7."""
         deadline = time.monotonic() + 60
+        if not hasattr(self, "aggregator"):
+            self.aggregator = KVOutputAggregator(len(self.workers))
         while time.monotonic() < deadline:
             if not self.scheduler.has_unfinished_requests():
                 for w in self.workers:
@@ -148,27 +162,32 @@ class Server:
                 ids = self.blocks_of[r] = self.block_ids(r)
                 for p in range(computed[r], computed[r] + n):
                     self.write(r, ids, p)
-            # Each worker's results, combined as vLLM combines its workers':
-            # a load is done when every worker's is.
-            loaded, errors = None, set()
-            for w in self.workers:
-                w.wait_for_save()
-                _, done = w.get_finished(out.finished_req_ids)
-                if done is not None or loaded is not None:
-                    loaded = (done or set()) if loaded is None else loaded & (done or set())
-                errors |= w.get_block_ids_with_load_errors()
-                w.clear_connector_metadata()
-            self.load_errors |= errors
             reqs = list(out.num_scheduled_tokens)
             sampled = []
             for r in reqs:
                 done = computed[r] + out.num_scheduled_tokens[r] >= self.requests[r].num_tokens
                 sampled.append([7] if done else [])
-            self.scheduler.update_from_output(out, ModelRunnerOutput(
-                req_ids=reqs, req_id_to_index={r: i for i, r in enumerate(reqs)},
-                sampled_token_ids=sampled,
-                kv_connector_output=KVConnectorOutput(finished_recving=loaded,
-                                                      invalid_block_ids=errors)))
+            # Each worker's output, combined by vLLM's KVOutputAggregator as
+            # its executor combines its workers': a load is done when every
+            # worker's is; the stats of every rank merged.
+            outputs = []
+            for w in self.workers:
+                w.wait_for_save()
+                _, done = w.get_finished(out.finished_req_ids)
+                errors = w.get_block_ids_with_load_errors()
+                stats = w.get_kv_connector_stats()
+                w.clear_connector_metadata()
+                outputs.append(ModelRunnerOutput(
+                    req_ids=reqs, req_id_to_index={r: i for i, r in enumerate(reqs)},
+                    sampled_token_ids=sampled,
+                    kv_connector_output=KVConnectorOutput(finished_recving=done,
+                                                          invalid_block_ids=errors,
+                                                          kv_connector_stats=stats)))
+            merged = self.aggregator.aggregate(outputs)
+            self.load_errors |= merged.kv_connector_output.invalid_block_ids
+            for eco in self.scheduler.update_from_output(out, merged).values():
+                if eco.scheduler_stats and eco.scheduler_stats.kv_connector_stats:
+                    self.stats.append(eco.scheduler_stats.kv_connector_stats)
         raise AssertionError("the requests did not finish in 60 s")
 
     def block_ids(self, req_id):
@@ -262,6 +281,106 @@ def test_a_repeated_prompt_loads_its_prefix_from_the_store(model_dir, uri):
         assert b.block_matches("r2", i), f"block {i}"
 
 
+class Reported:
+    """What vLLM reports of a server's connector stats: its log line's figures
+    (KVConnectorLogging, which the LoggingStatLogger keeps) and its
+    Prometheus metrics (KVConnectorProm, which the PrometheusStatLogger
+    keeps), fed the SchedulerStats payloads as the loggers are; the metrics
+    in a registry of the test's own."""
+
+    def __init__(self, server):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (KVConnectorLogging,
+                                                                          KVConnectorProm)
+        self.registry = reg = CollectorRegistry()
+
+        class Prom(KVConnectorProm):
+            _gauge_cls = functools.partial(Gauge, registry=reg)
+            _counter_cls = functools.partial(Counter, registry=reg)
+            _histogram_cls = functools.partial(Histogram, registry=reg)
+
+        logging_ = KVConnectorLogging(server.config.kv_transfer_config)
+        prom = Prom(server.config, ["model_name", "engine"], {0: ["m", "0"]})
+        assert server.stats, "the scheduler reported no connector stats"
+        for payload in server.stats:
+            logging_.observe(payload)
+            prom.observe(payload, 0)
+        lines = []
+        logging_.log(lambda fmt, *args: lines.append(fmt % args))
+        assert len(lines) == 1 and lines[0].startswith("KV Transfer metrics: "), lines
+        self.logged = dict(kv.split("=") for kv in lines[0].split(": ", 1)[1].split(", "))
+
+    def prom(self, name, suffix="_total"):
+        return self.registry.get_sample_value(f"vllm:cxlrt_{name}{suffix}",
+                                              {"model_name": "m", "engine": "0"})
+
+
+def entries(server):
+    return {ns: n["entries"] for ns, n in
+            server.scheduler.connector.store.stats()["namespaces"].items()}
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_vllm_reports_lookups_hits_bytes_and_load_time_right_across_tp_ranks(model_dir, uri, tp):
+    block_bytes = len(LAYERS) * 2 * BLOCK * HEADS * HEAD_SIZE * 2  # K and V of every layer, fp16
+    a = Server(model_dir, uri, tp=tp)
+    a.add("r0", prompt(40, salt=3))
+    a.add("r1", prompt(100))
+    a.run()
+    stored = entries(a)
+    assert len(stored) == tp and set(stored.values()) == {8}, stored  # 2 + 6 on each rank
+    ra = Reported(a)
+    assert ra.logged["Lookups"] == "2" and ra.logged["Hit requests"] == "0"
+    assert ra.logged["Stored blocks"] == "8"
+    assert ra.logged["Stored bytes"] == str(8 * block_bytes * tp)
+    assert ra.logged["Workers"] == str(tp)
+    assert ra.prom("stored_blocks") == 8 and ra.prom("lookups") == 2
+    assert ra.prom("store_seconds", "_count") >= tp  # a sample per rank and step that stored
+
+    b = Server(model_dir, uri, tp=tp)
+    b.add("r2", prompt(100) + prompt(30, salt=5))  # 6 blocks hit
+    b.add("r3", prompt(50, salt=9))  # a miss
+    b.add("r4", prompt(40, salt=3) + prompt(8, salt=4))  # 2 blocks hit
+    b.run()
+    assert b.first_computed == {"r2": 96, "r3": 0, "r4": 32}
+    new = sum(entries(b).values()) - sum(stored.values())
+    r = Reported(b)
+    assert r.logged["Lookups"] == "3"
+    assert r.logged["Hit requests"] == "2"
+    assert r.logged["Hit rate"] == str(round(2 / 3, 4))
+    assert r.logged["Hit tokens"] == str(96 + 32)
+    assert r.logged["Loaded blocks"] == "8"  # once each, however many ranks loaded it
+    assert r.logged["Loaded bytes"] == str(8 * block_bytes * tp)  # every rank's shard
+    assert r.logged["Failed block loads"] == "0"
+    assert float(r.logged["Avg load time (ms)"]) > 0
+    assert r.logged["Stored blocks"] == str(new // tp)
+    assert r.logged["Stored bytes"] == str(new * block_bytes)
+    # The same through Prometheus.
+    assert r.prom("lookups") == 3 and r.prom("hit_requests") == 2
+    assert r.prom("hit_tokens") == 128 and r.prom("loaded_blocks") == 8
+    assert r.prom("loaded_bytes") == 8 * block_bytes * tp
+    assert r.prom("stored_blocks") == new // tp and r.prom("stored_bytes") == new * block_bytes
+    # One load per rank (both hits are loaded in one step); each a sample.
+    assert r.prom("load_seconds", "_count") == tp
+    assert r.prom("load_seconds", "_sum") > 0
+
+
+def test_failed_loads_are_reported(model_dir, uri):
+    a = Server(model_dir, uri)
+    a.add("r1", prompt(50))
+    a.run()
+    # A cache with a third layer: the stored values are too small, the loads fail.
+    b = Server(model_dir, uri, layers=LAYERS + ["model.layers.2.self_attn.attn"],
+               on_load_failure="recompute")
+    b.add("r2", prompt(50))
+    b.run()
+    assert len(b.load_errors) == 3
+    r = Reported(b)
+    assert r.logged["Hit requests"] == "1" and r.logged["Hit tokens"] == "48"
+    assert r.logged["Failed block loads"] == "3" and r.logged["Loaded blocks"] == "0"
+    assert r.prom("load_failed_blocks") == 3 and r.prom("loaded_blocks") == 0
+
+
 def test_only_the_common_prefix_hits_and_a_different_salt_misses(model_dir, uri):
     a = Server(model_dir, uri)
     a.add("r1", prompt(80))
@@ -351,6 +470,10 @@ def test_asynchronous_loads_hold_only_their_request_while_others_run(model_dir, 
     assert not b.load_errors
     assert all(b.block_matches("hit", i) for i in range(6))
     assert b.tokens("miss") == prompt(60, salt=9) + [7, 7]
+    # Counted once though vLLM admits the hit twice (for its load, then to run).
+    r = Reported(b)
+    assert (r.logged["Lookups"], r.logged["Hit requests"], r.logged["Loaded blocks"]) == \
+        ("2", "1", "6")
 
 
 def test_an_asynchronous_load_that_fails_is_recomputed(model_dir, uri):
@@ -362,6 +485,7 @@ def test_an_asynchronous_load_that_fails_is_recomputed(model_dir, uri):
     b.add("r2", prompt(50))
     b.run()
     assert b.waited == {"r2"} and len(b.load_errors) == 3
+    assert Reported(b).logged["Failed block loads"] == "3"
     assert all(b.block_matches("r2", i) for i in range(3))
     assert b.tokens("r2") == prompt(50) + [7, 7]
 

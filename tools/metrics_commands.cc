@@ -1,0 +1,92 @@
+// `cxlrt metrics` and `cxlrt serve-metrics`: the pool-wide metrics
+// (cxlrt/metrics/pool_metrics.h) in the Prometheus text format, printed
+// once or served over HTTP. Neither attaches to the pool.
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "cxlrt/metrics/http_exporter.h"
+#include "cxlrt/metrics/pool_metrics.h"
+#include "cxlrt/runtime/pool.h"
+#include "tools/commands.h"
+
+namespace cxlrt::tools {
+namespace {
+
+std::atomic<bool> g_stop{false};
+void OnSignal(int) { g_stop.store(true); }
+
+}  // namespace
+
+int Metrics(const std::string& uri) {
+  auto pool = runtime::Pool::Open(uri);
+  if (!pool.ok()) {
+    std::fprintf(stderr, "cxlrt metrics: %s\n", std::string(pool.status().message()).c_str());
+    return 1;
+  }
+  metrics::PoolMetricsReader reader(**pool);
+  auto m = reader.Read(metrics::FirstReadWindow(**pool));
+  if (!m.ok()) {
+    std::fprintf(stderr, "cxlrt metrics: %s: %s\n", uri.c_str(),
+                 std::string(m.status().message()).c_str());
+    return 1;
+  }
+  const std::string text = metrics::PoolPrometheusText(*m);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  return 0;
+}
+
+int ServeMetrics(const std::string& uri, const std::string& address, int port, double seconds) {
+  auto pool = runtime::Pool::Open(uri);
+  if (!pool.ok()) {
+    std::fprintf(stderr, "cxlrt serve-metrics: %s\n", std::string(pool.status().message()).c_str());
+    return 1;
+  }
+  // One reader, watched between scrapes by a thread of its own, so that a
+  // scrape answers at once with heartbeat ages measured all along.
+  std::mutex mu;
+  metrics::PoolMetricsReader reader(**pool);
+  std::string last_error;
+  auto server = metrics::MetricsHttpServer::Start(
+      address, port,
+      [&]() -> absl::StatusOr<std::string> {
+        std::lock_guard<std::mutex> lock(mu);
+        auto m = reader.Read();
+        if (!m.ok()) return m.status();
+        return metrics::PoolPrometheusText(*m);
+      },
+      [&]() -> absl::Status {
+        std::lock_guard<std::mutex> lock(mu);
+        // Healthy while the pool reads and its header is what Open validated.
+        return (*pool)->Check();
+      });
+  if (!server.ok()) {
+    std::fprintf(stderr, "cxlrt serve-metrics: %s\n",
+                 std::string(server.status().message()).c_str());
+    return 1;
+  }
+  std::printf("serving the metrics of %s on http://%s:%d/metrics (and /health)\n", uri.c_str(),
+              address.c_str(), (*server)->port());
+  std::fflush(stdout);
+  signal(SIGINT, OnSignal);
+  signal(SIGTERM, OnSignal);
+  const absl::Time end =
+      seconds > 0 ? absl::Now() + absl::Seconds(seconds) : absl::InfiniteFuture();
+  while (!g_stop.load() && absl::Now() < end) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      reader.Observe();
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return 0;
+}
+
+}  // namespace cxlrt::tools
