@@ -8,7 +8,9 @@
 #include <climits>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -148,10 +150,132 @@ struct Pending {
   std::vector<int> a2a[4];
 };
 
+// Abort notices. An engine that aborts tells every member of its world
+// (the engine World() made, and every engine split from it) on a
+// communicator of their own, and every engine of that world polls for a
+// notice while it waits: so a rank that gave up (a dead pod-mate, an
+// error) fails the other pods' ranks at once, not at their deadline (MPI
+// has no revoke). Shared by a world and its splits; its MPI calls are
+// serialised by its mutex.
+class NoticeChannel {
+ public:
+  static constexpr int kBytes = 256;
+  static constexpr int kTag = 28;
+
+  // On a duplicate of the world's communicator, with a receive posted.
+  static absl::StatusOr<std::shared_ptr<NoticeChannel>> Make(MPI_Comm world) {
+    auto c = std::shared_ptr<NoticeChannel>(new NoticeChannel);
+    if (int rc = MPI_Comm_dup(world, &c->comm_); rc != MPI_SUCCESS) {
+      return absl::UnavailableError(absl::StrCat(
+          "mpi: MPI_Comm_dup for the engine's abort notices failed: ", MpiErrorString(rc)));
+    }
+    MPI_Comm_set_errhandler(c->comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(c->comm_, &c->rank_);
+    MPI_Comm_size(c->comm_, &c->size_);
+    if (int rc = MPI_Irecv(c->in_, kBytes, MPI_CHAR, MPI_ANY_SOURCE, kTag, c->comm_, &c->recv_);
+        rc != MPI_SUCCESS) {
+      return absl::UnavailableError(absl::StrCat(
+          "mpi: posting the receive of the engine's abort notices failed: ", MpiErrorString(rc)));
+    }
+    return c;
+  }
+
+  ~NoticeChannel() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    std::lock_guard<std::mutex> l(mu_);
+    FlushSends(absl::Milliseconds(200));
+    if (!sends_.empty()) {
+      // A member that did not take its notice may be dead: its send stays
+      // pending, so its buffer outlives this channel (left to the process,
+      // which ends in failure), and MPI_Finalize would wait for it.
+      for (MPI_Request& r : sends_) MPI_Request_free(&r);
+      (void)out_.release();
+      g_broken = true;
+    }
+    if (recv_ != MPI_REQUEST_NULL) {
+      MPI_Cancel(&recv_);
+      MPI_Wait(&recv_, MPI_STATUS_IGNORE);
+    }
+    if (!told_ && !heard_) MPI_Comm_free(&comm_);
+  }
+
+  // Why a member aborted, once its notice arrived; "" until then.
+  std::string Heard() {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!heard_ && recv_ != MPI_REQUEST_NULL) {
+      int flag = 0;
+      MPI_Status st;
+      if (MPI_Test(&recv_, &flag, &st) == MPI_SUCCESS && flag) {
+        int n = 0;
+        MPI_Get_count(&st, MPI_CHAR, &n);
+        heard_ = true;
+        why_ = absl::StrCat("world member ", st.MPI_SOURCE, " aborted: ",
+                            absl::string_view(in_, static_cast<size_t>(std::clamp(n, 0, kBytes))));
+        // The teller may have given up on a dead member, whom
+        // MPI_Finalize would wait for.
+        g_broken = true;
+      }
+    }
+    FlushSends(absl::ZeroDuration());
+    return heard_ ? why_ : std::string();
+  }
+
+  // Sends `why` to every other member, once (the first abort's reason).
+  // Never waits for a receiver: sends to a live member complete in the
+  // next calls here (or the destructor's bounded flush).
+  void Tell(absl::string_view why) {
+    std::lock_guard<std::mutex> l(mu_);
+    if (told_ || heard_) return;  // a member that heard one tells no one
+    told_ = true;
+    const int n = static_cast<int>(std::min<size_t>(why.size(), kBytes));
+    out_ = std::make_unique<char[]>(kBytes);
+    std::memcpy(out_.get(), why.data(), static_cast<size_t>(n));
+    for (int m = 0; m < size_; ++m) {
+      if (m == rank_) continue;
+      MPI_Request r;
+      if (MPI_Isend(out_.get(), n, MPI_CHAR, m, kTag, comm_, &r) == MPI_SUCCESS) {
+        sends_.push_back(r);
+      }
+    }
+    FlushSends(absl::ZeroDuration());
+  }
+
+ private:
+  NoticeChannel() = default;
+
+  // Completes the sends that can be, for at most `budget`.
+  void FlushSends(absl::Duration budget) {
+    const absl::Time end = absl::Now() + budget;
+    do {
+      for (size_t i = 0; i < sends_.size();) {
+        int flag = 0;
+        if (MPI_Test(&sends_[i], &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || !flag) {
+          ++i;
+          continue;
+        }
+        sends_.erase(sends_.begin() + static_cast<ptrdiff_t>(i));
+      }
+    } while (!sends_.empty() && absl::Now() < end && (sched_yield(), true));
+  }
+
+  std::mutex mu_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+  MPI_Request recv_ = MPI_REQUEST_NULL;
+  char in_[kBytes] = {};
+  bool heard_ = false, told_ = false;
+  std::string why_;
+  std::unique_ptr<char[]> out_;  // the notice this member sent
+  std::vector<MPI_Request> sends_;
+};
+
 class MpiEngineImpl final : public InterPodEngine {
  public:
-  MpiEngineImpl(MPI_Comm comm, const MpiEngineOptions& options, bool progress_thread)
-      : comm_(comm), options_(options) {
+  MpiEngineImpl(MPI_Comm comm, const MpiEngineOptions& options, bool progress_thread,
+                std::shared_ptr<NoticeChannel> notices)
+      : comm_(comm), options_(options), notices_(std::move(notices)) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     max_count_ = options_.max_count_per_call == 0
@@ -165,6 +289,7 @@ class MpiEngineImpl final : public InterPodEngine {
   }
 
   ~MpiEngineImpl() override {
+    TellIfAborted();
     if (progress_.joinable()) {
       {
         std::lock_guard<std::mutex> l(mu_);
@@ -397,7 +522,14 @@ class MpiEngineImpl final : public InterPodEngine {
       }
       if (pending_.empty() || pending_.front().ticket > ticket) return absl::OkStatus();
       if (aborted_.load()) return Usable();
-      if (absl::Now() >= deadline) {
+      const bool late = absl::Now() >= deadline;
+      if (round % 64 == 63 || late) {
+        if (std::string why = notices_->Heard(); !why.empty()) {
+          return Break(absl::AbortedError(absl::StrCat("mpi: ", pending_.front().what, " (member ",
+                                                       rank_, " of ", size_, "): ", why)));
+        }
+      }
+      if (late) {
         const Pending& p = pending_.front();
         std::string who;
         if (p.peer >= 0) {
@@ -433,11 +565,27 @@ class MpiEngineImpl final : public InterPodEngine {
     }
     aborted_ = true;
     cv_.notify_all();
+    // MPI from this thread only where MPI allows any thread; otherwise
+    // the engine's own thread tells at its next call or destruction.
+    if (MpiEngine::ThreadMultiple()) TellIfAborted();
   }
 
  private:
+  // Tells the world (once) that this engine aborted, unless the abort
+  // came from a notice heard.
+  void TellIfAborted() {
+    if (!aborted_.load() || told_.exchange(true)) return;
+    std::string why;
+    {
+      absl::MutexLock l(&abort_mu_);
+      why = abort_why_;
+    }
+    notices_->Tell(why);
+  }
+
   absl::Status Usable() {
     if (aborted_.load()) {
+      TellIfAborted();
       absl::MutexLock l(&abort_mu_);
       return absl::AbortedError(absl::StrCat("mpi: the engine was aborted: ", abort_why_));
     }
@@ -593,7 +741,9 @@ class MpiEngineImpl final : public InterPodEngine {
 
   absl::Mutex abort_mu_;
   std::atomic<bool> aborted_{false};
+  std::atomic<bool> told_{false};
   std::string abort_why_;
+  std::shared_ptr<NoticeChannel> notices_;  // the world's
 
   std::thread progress_;
   std::mutex mu_;
@@ -654,6 +804,9 @@ absl::StatusOr<std::unique_ptr<InterPodEngine>> MpiEngineImpl::Split(int color, 
     std::unique_lock<std::mutex> l(call->mu);
     while (!call->done) {
       if (aborted_.load()) return Usable();
+      if (std::string why = notices_->Heard(); !why.empty()) {
+        return Break(absl::AbortedError(absl::StrCat("mpi: ", what, ": ", why)));
+      }
       const absl::Duration left = std::min(deadline - absl::Now(), absl::Milliseconds(10));
       if (left <= absl::ZeroDuration() && absl::Now() >= deadline) {
         return Break(absl::DeadlineExceededError(
@@ -670,7 +823,8 @@ absl::StatusOr<std::unique_ptr<InterPodEngine>> MpiEngineImpl::Split(int color, 
     if (rc != MPI_SUCCESS) return Break(MpiStatus(rc, "MPI_Comm_split", what));
   }
   MPI_Comm_set_errhandler(out, MPI_ERRORS_RETURN);
-  return std::unique_ptr<InterPodEngine>(new MpiEngineImpl(out, options_, progress_.joinable()));
+  return std::unique_ptr<InterPodEngine>(
+      new MpiEngineImpl(out, options_, progress_.joinable(), notices_));
 }
 
 }  // namespace
@@ -739,7 +893,12 @@ absl::StatusOr<std::unique_ptr<InterPodEngine>> MpiEngine::World(MPI_Comm comm,
         "mpi: MPI_Comm_dup of the caller's communicator failed: ", MpiErrorString(rc)));
   }
   MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
-  return std::unique_ptr<InterPodEngine>(new MpiEngineImpl(dup, options, thread));
+  auto notices = NoticeChannel::Make(comm);
+  if (!notices.ok()) {
+    MPI_Comm_free(&dup);
+    return notices.status();
+  }
+  return std::unique_ptr<InterPodEngine>(new MpiEngineImpl(dup, options, thread, *notices));
 }
 
 }  // namespace cxlrt::pods

@@ -24,6 +24,13 @@
 // requests), so the inter-pod step of one chunk moves while the
 // caller works in the pool; otherwise operations progress in Wait only.
 //
+// Abort notices: an engine that aborts (Abort, or the error path of the
+// communicator over it) tells every member of its world on a communicator
+// of their own, without waiting for them; every engine of that world
+// (World's and its splits) polls for a notice in Wait and fails with
+// kAborted when one arrives, so a rank that gave up fails the other pods'
+// ranks at once rather than at their deadline (Open MPI 4.1 has no revoke).
+//
 // After an error (a deadline, MPI's, an Abort) the engine is broken: every
 // later call returns that error. Its MPI communicator and the requests in
 // flight are left as they are (MPI can neither cancel a collective nor free

@@ -27,6 +27,29 @@ constexpr uint64_t kDefaultChunkBytes = uint64_t{4} << 20;
 
 // --- Lifecycle and the public calls. ---
 
+namespace {
+// All-gathers every rank's PodOptions::chunk_bytes over `world`;
+// kInvalidArgument naming the first rank whose value differs from rank
+// 0's: every rank sees the same values, so every rank refuses alike and
+// none goes on to a call that cannot match.
+absl::Status CheckSameChunkBytes(const std::string& name, uint64_t mine, InterPodEngine& world,
+                                 absl::Time deadline) {
+  std::vector<uint64_t> all(world.size());
+  CXLRT_ASSIGN_OR_RETURN(Ticket t,
+                         world.AllGather(&mine, all.data(), 1, collectives::DataType::kUint64));
+  CXLRT_RETURN_IF_ERROR(world.Wait(t, deadline));
+  for (int r = 0; r < world.size(); ++r) {
+    if (all[r] != all[0]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pods/", name, ": PodOptions::chunk_bytes differs between ranks: ", all[0],
+                       " at world rank 0, ", all[r], " at world rank ", r,
+                       " (every rank must pass the same value, or none)"));
+    }
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
 MultiPodCommunicator::MultiPodCommunicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 MultiPodCommunicator::~MultiPodCommunicator() = default;
 
@@ -46,6 +69,11 @@ absl::StatusOr<std::unique_ptr<MultiPodCommunicator>> MultiPodCommunicator::Crea
   const absl::Time deadline = absl::Now() + impl->timeout;
   CXLRT_ASSIGN_OR_RETURN(impl->layout, DiscoverLayout(pod_alloc.pool().header(), *world, deadline));
   const PodLayout& l = impl->layout;
+  if (l.npods > 1) {
+    // Every rank must cut calls into the same chunks, or their engine
+    // operations would not match: refused here, naming both values.
+    CXLRT_RETURN_IF_ERROR(CheckSameChunkBytes(impl->name, impl->chunk_bytes, *world, deadline));
+  }
   CommOptions po = options;
   po.asynchronous = false;
   auto pod =

@@ -52,7 +52,9 @@ struct PodOptions {
   // Bytes of a pipeline chunk (of the call's buffer for AllReduce,
   // Broadcast and Reduce; chunk_bytes / size() of every rank's block for
   // ReduceScatter, AllGather, Gather and Scatter); a call of at most one
-  // chunk runs in one piece. 0: 4 MiB. Every rank must pass the same value.
+  // chunk runs in one piece. 0: 4 MiB. Every rank must pass the same value:
+  // Create all-gathers it across pods and refuses (kInvalidArgument, on
+  // every rank) values that differ.
   uint64_t chunk_bytes = 0;
 };
 

@@ -131,6 +131,12 @@ class PodsBackend(C10D.Backend):
     a failure of either tier raises from the call, naming the rank and the
     tier."""
 
+    # torch asks a backend whether it coalesces with getattr, which on a
+    # Python subclass of c10d's Backend recurses without end unless the
+    # class answers itself (dist.batch_isend_irecv raised RecursionError).
+    # The calls of a batch run one by one.
+    supports_coalescing = False
+
     def __init__(self, store, rank: int, size: int, timeout: timedelta, pods, made: int,
                  pod_backend):
         super().__init__(rank, size)
@@ -240,24 +246,45 @@ class PodsBackend(C10D.Backend):
         op = getattr(opts.reduceOp, "op", opts.reduceOp)  # a ReduceOp: its RedOpType
         if op == dist.ReduceOp.AVG:
             return dist.ReduceOp.SUM, True
+        # The pod tier's reductions (the C++ backend's): refused here, before
+        # any tier runs, so that every rank fails alike at once (a rank alone
+        # in its pod would otherwise skip the pod step and wait on its rail).
         if op not in (dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN,
-                      dist.ReduceOp.MAX, dist.ReduceOp.BAND, dist.ReduceOp.BOR,
-                      dist.ReduceOp.BXOR):
-            raise ValueError(f"cxlrt: [Rank {self._rank}] reduce op {op} is not supported across pods")
+                      dist.ReduceOp.MAX):
+            raise ValueError(f"cxlrt: [Rank {self._rank}] reduce op {op} is not supported: "
+                             "reductions are sum, product, min, max and avg")
         return op, False
 
-    def _rail_start(self, what: str, t: torch.Tensor, call):
-        """Starts call(group, tensor) -> Work on my rail with `t`, not
-        waiting; returns what finishes it (waits, and under Gloo for a CUDA
-        tensor copies the CPU copy back)."""
+    def _pod_shard(self, sub: torch.Tensor, ro, what: str):
+        """The pod's reduce-scatter of `sub` into the smallest pod's shards
+        (ceil(len / smallest) elements; padded with zeros to pod size x
+        shard): returns (the padded buffer, this rank's reduced shard)."""
+        m = sub.numel()
+        c = -(-m // self._min)
+        whole = c * self.pod_size
+        buf = sub if whole == m else torch.zeros(whole, dtype=sub.dtype, device=sub.device)
+        if buf is not sub:
+            buf[:m].copy_(sub)
+        shard = torch.empty(c, dtype=sub.dtype, device=sub.device)
+        if self.pod_size == 1:
+            shard.copy_(buf)
+        self._on_pod(f"{what} (reduce-scatter)",
+                     lambda b: b._reduce_scatter_base(shard, buf, ro))
+        return buf, shard
+
+    def _rail_start(self, what: str, t: torch.Tensor, call, kind: str = "rail"):
+        """Starts call(group, tensor) -> Work on my rail (or the engine's
+        group of `kind`) with `t`, not waiting; returns what finishes it
+        (waits, and under Gloo for a CUDA tensor copies the CPU copy
+        back)."""
         device = t.device
-        group, _ = self._engine_group(device, "rail")
+        group, _ = self._engine_group(device, kind)
         host = t.cpu() if self._staged(t) else t
 
         def fail(e):
             self._abort()
             return RuntimeError(f"cxlrt: [Rank {self._rank}] {what} between pods "
-                                f"({inter_pod_engine(device)}, rail): {e}")
+                                f"({inter_pod_engine(device)}, {kind}): {e}")
 
         try:
             work = call(group, host)
@@ -277,9 +304,26 @@ class PodsBackend(C10D.Backend):
         """The pipeline's segments of an all-reduce of n elements: up to
         PIPELINE_SEGMENTS of at least PIPELINE_BYTES each (one below
         that)."""
+        if n == 0:
+            return []
         k = max(1, min(PIPELINE_SEGMENTS, n * itemsize // PIPELINE_BYTES))
         step = -(-n // k)
         return [(lo, min(n, lo + step)) for lo in range(0, n, step)]
+
+    @staticmethod
+    def _pipelined(segments, start, end) -> None:
+        """start(lo, hi) of each segment, then end(*what start returned)
+        of the one before it: segment k's step over the rail (started by
+        start, finished by end) runs while this thread runs the pod's
+        steps of its neighbours. Every rank of a pod calls the pod in the
+        order this gives (S 0, S 1, E 0, S 2, E 1, ...)."""
+        pending = []
+        for lo, hi in segments:
+            pending.append(start(lo, hi))
+            if len(pending) > 1:
+                end(*pending.pop(0))
+        while pending:
+            end(*pending.pop(0))
 
     def _allreduce_flat(self, flat: torch.Tensor, op) -> None:
         """All-reduce of a contiguous 1-D tensor in place: reduce-scatter in
@@ -305,17 +349,7 @@ class PodsBackend(C10D.Backend):
 
         def start(lo, hi):
             sub = flat[lo:hi]
-            m = hi - lo
-            c = -(-m // self._min)
-            whole = c * self.pod_size
-            buf = sub if whole == m else torch.zeros(whole, dtype=sub.dtype, device=sub.device)
-            if buf is not sub:
-                buf[:m].copy_(sub)
-            shard = torch.empty(c, dtype=sub.dtype, device=sub.device)
-            if self.pod_size == 1:
-                shard.copy_(buf)
-            self._on_pod("all_reduce (reduce-scatter)",
-                         lambda b: b._reduce_scatter_base(shard, buf, ro))
+            buf, shard = self._pod_shard(sub, ro, "all_reduce")
             finish = None
             if on_rail:
                 finish = self._rail_start("all_reduce", shard,
@@ -332,13 +366,7 @@ class PodsBackend(C10D.Backend):
             if buf is not sub:
                 sub.copy_(buf[:sub.numel()])
 
-        pending = []
-        for lo, hi in self._segments(n, flat.element_size()):
-            pending.append(start(lo, hi))
-            if len(pending) > 1:
-                end(*pending.pop(0))
-        while pending:
-            end(*pending.pop(0))
+        self._pipelined(self._segments(n, flat.element_size()), start, end)
 
     def _in_place(self, t: torch.Tensor, fn) -> None:
         """fn(flat) on a contiguous 1-D view of t (a copy when t is not
@@ -356,28 +384,64 @@ class PodsBackend(C10D.Backend):
         op, avg = self._op(opts)
         self._in_place(t, lambda f: self._allreduce_flat(f, op))
         if avg:
-            if t.is_floating_point() or t.is_complex():
-                t.div_(self._size)
-            else:
-                t.floor_divide_(self._size)
+            _avg_(t, self._size)
         return _work(tensors)
 
+    def _rail_pieces(self, n: int):
+        """The pieces of n elements the rails carry: rail j (0 .. smallest
+        pod - 1, the rails that span every pod) carries elements
+        [j * p, (j + 1) * p) of them, p = ceil(n / smallest)."""
+        p = -(-n // self._min)
+        return p, [(min(n, j * p), min(n, (j + 1) * p)) for j in range(self._min)]
+
+    def _pod_pieces(self, piece: torch.Tensor, what: str) -> torch.Tensor:
+        """Every rail's piece of this pod as (smallest pod x p): an
+        all-gather in the pod where local ranks past the smallest pod's
+        size give zeros (the cost of a larger pod: it moves pod size /
+        smallest times the pieces)."""
+        p = piece.numel()
+        mine = piece if self.local < self._min else torch.zeros_like(piece)
+        got = torch.empty((self.pod_size, p), dtype=piece.dtype, device=piece.device)
+        if self.pod_size == 1:
+            got[0].copy_(mine)
+        self._on_pod(what, lambda b: b._allgather_base(got.view(-1), mine,
+                                                       C10D.AllgatherOptions()))
+        return got[:self._min]
+
     def _bcast_flat(self, flat: torch.Tensor, root: int) -> None:
-        """Broadcast from group rank `root`: in the root's pod from the root,
-        over rail 0 from the root's pod, in every other pod from its local
-        rank 0."""
+        """Broadcast from group rank `root`: in the root's pod from the root;
+        then over every rail that spans the pods, rail j carrying piece j
+        (_rail_pieces) from the root's pod; in every other pod an all-gather
+        of the pieces. Pipelined by segments (_pipelined) as the
+        all-reduce is."""
         q, j = self._where[root]
-        bo = C10D.BroadcastOptions()
-        if self.pod_index == q:
-            bo.rootRank = j
-            self._on_pod("broadcast", lambda b: b.broadcast([flat], bo))
-        if self.local == 0 and len(self.pods) > 1:
-            ro = C10D.BroadcastOptions()
-            ro.rootRank = q
-            self._rail("broadcast", flat, lambda g, r, x: g.broadcast([x], ro))
-        if self.pod_index != q:
-            bo.rootRank = 0
-            self._on_pod("broadcast", lambda b: b.broadcast([flat], bo))
+
+        def start(lo, hi):
+            sub = flat[lo:hi]
+            if self.pod_index == q:
+                bo = C10D.BroadcastOptions()
+                bo.rootRank = j
+                self._on_pod("broadcast", lambda b: b.broadcast([sub], bo))
+            p, pieces = self._rail_pieces(sub.numel())
+            piece = torch.zeros(p, dtype=flat.dtype, device=flat.device)
+            finish = None
+            if self.local < self._min:
+                a, b = pieces[self.local]
+                if self.pod_index == q:
+                    piece[:b - a].copy_(sub[a:b])
+                ro = C10D.BroadcastOptions()
+                ro.rootRank = q
+                finish = self._rail_start("broadcast", piece, lambda g, x: g.broadcast([x], ro))
+            return sub, piece, finish
+
+        def end(sub, piece, finish):
+            if finish is not None:
+                finish()
+            if self.pod_index != q:
+                got = self._pod_pieces(piece, "broadcast (the rails' pieces)")
+                sub.copy_(got.reshape(-1)[:sub.numel()])
+
+        self._pipelined(self._segments(flat.numel(), flat.element_size()), start, end)
 
     def broadcast(self, tensors, opts):
         t = _one(tensors, "broadcast")
@@ -394,32 +458,58 @@ class PodsBackend(C10D.Backend):
         elif self.local == dst:
             self._on_pod(what, lambda b: b.recv([t], src, _MOVE_TAG))
 
+    def _reduce_flat(self, flat: torch.Tensor, op, root: int) -> None:
+        """Reduce of a contiguous 1-D tensor onto group rank `root`, the
+        all-reduce's first half: reduce-scatter in the pod (the smallest
+        pod's shards, _allreduce_flat), each rail that spans the pods
+        reducing its shard onto the root's pod, a gather of the shards onto
+        the root in its pod. Every tier moves a rank's share, not the whole
+        tensor. Other ranks' tensors are left as they were. Pipelined by
+        segments (_pipelined) as the all-reduce is."""
+        q, j = self._where[root]
+        ro = C10D.ReduceScatterOptions()
+        ro.reduceOp = op
+        on_rail = self.local < self._min and len(self.pods) > 1
+
+        def start(lo, hi):
+            sub = flat[lo:hi]
+            _, shard = self._pod_shard(sub, ro, "reduce")
+            finish = None
+            if on_rail:
+                rr = C10D.ReduceOptions()
+                rr.reduceOp = op
+                rr.rootRank = q
+                finish = self._rail_start("reduce", shard, lambda g, x: g.reduce([x], rr))
+            return sub, shard, finish
+
+        def end(sub, shard, finish):
+            if finish is not None:
+                finish()
+            if self.pod_index != q:
+                return
+            got = [torch.empty_like(shard) for _ in range(self.pod_size)] \
+                if self.local == j else []
+            if self.pod_size == 1:
+                got = [shard]
+            go = C10D.GatherOptions()
+            go.rootRank = j
+            self._on_pod("reduce (to the root)",
+                         lambda b: b.gather([got] if self.local == j else [], [shard], go))
+            if self._rank == root:
+                sub.copy_(torch.cat(got)[:sub.numel()])
+
+        self._pipelined(self._segments(flat.numel(), flat.element_size()), start, end)
+
     def reduce(self, tensors, opts):
         t = _one(tensors, "reduce")
         inter_pod_engine(t.device)
         op, avg = self._op(opts)
         root = opts.rootRank
-        q, j = self._where[root]
 
         def run(flat):
-            # Non-roots reduce a copy: their tensor stays as it was.
-            x = flat if self._rank == root else flat.clone()
-            po = C10D.ReduceOptions()
-            po.reduceOp = op
-            po.rootRank = 0
-            self._on_pod("reduce", lambda b: b.reduce([x], po))
-            if self.local == 0 and len(self.pods) > 1:
-                ro = C10D.ReduceOptions()
-                ro.reduceOp = op
-                ro.rootRank = q
-                self._rail("reduce", x, lambda g, r, y: g.reduce([y], ro))
-            if self.pod_index == q:
-                self._move_in_pod(x, 0, j, "reduce (to the root)")
+            self._reduce_flat(flat, op, root)
             if avg and self._rank == root:
-                if x.is_floating_point() or x.is_complex():
-                    x.div_(self._size)
-                else:
-                    x.floor_divide_(self._size)
+                _avg_(flat, self._size)
 
         self._in_place(t, run)
         return _work(tensors)
@@ -435,34 +525,57 @@ class PodsBackend(C10D.Backend):
 
     def _gather_all(self, x: torch.Tensor) -> torch.Tensor:
         """Every rank's contiguous 1-D x (one size) as (group size x c), in
-        group rank order: all-gather in the pod, all-gather of the pods'
-        blocks (padded to the largest pod) over rail 0, broadcast of them in
-        each pod."""
+        group rank order: all-gather in the pod; the pod's block (padded to
+        the largest pod) cut into one piece per rail that spans the pods
+        (_rail_pieces), each all-gathered over its rail; an all-gather of
+        the pieces in the pod (_pod_pieces). Pipelined by segments of x
+        (_pipelined) as the all-reduce is."""
         c = x.numel()
-        mine = torch.empty((self.pod_size, c), dtype=x.dtype, device=x.device)
-        if self.pod_size == 1:
-            mine[0].copy_(x)
-        self._on_pod("all_gather", lambda b: b._allgather_base(mine.view(-1), x,
-                                                               C10D.AllgatherOptions()))
-        blocks = torch.empty((len(self.pods), self._max, c), dtype=x.dtype, device=x.device)
-        if self.local == 0:
-            block = self._pod_block(mine)
-            self._rail("all_gather", blocks, lambda g, r, out: g._allgather_base(
-                out.view(-1), block.to(out.device).view(-1), C10D.AllgatherOptions()))
-        bo = C10D.BroadcastOptions()
-        bo.rootRank = 0
-        self._on_pod("all_gather (broadcast)", lambda b: b.broadcast([blocks.view(-1)], bo))
         out = torch.empty((self._size, c), dtype=x.dtype, device=x.device)
-        for q, p in enumerate(self.pods):
-            idx = torch.tensor(p, device=x.device)
-            out.index_copy_(0, idx, blocks[q, :len(p)])
+        npods = len(self.pods)
+
+        def start(lo, hi):
+            w = hi - lo
+            mine = torch.empty((self.pod_size, w), dtype=x.dtype, device=x.device)
+            if self.pod_size == 1:
+                mine[0].copy_(x[lo:hi])
+            self._on_pod("all_gather", lambda b: b._allgather_base(
+                mine.view(-1), x[lo:hi], C10D.AllgatherOptions()))
+            p, pieces = self._rail_pieces(self._max * w)
+            rail = torch.zeros((npods, p), dtype=x.dtype, device=x.device)
+            finish = None
+            if self.local < self._min:
+                a, b = pieces[self.local]
+                piece = torch.zeros(p, dtype=x.dtype, device=x.device)
+                piece[:b - a].copy_(self._pod_block(mine).view(-1)[a:b])
+                finish = self._rail_start("all_gather", rail, lambda g, got: g._allgather_base(
+                    got.view(-1), piece.to(got.device), C10D.AllgatherOptions()))
+            return lo, hi, p, rail, finish
+
+        def end(lo, hi, p, rail, finish):
+            if finish is not None:
+                finish()
+            got = self._pod_pieces(rail.view(-1), "all_gather (the rails' pieces)")
+            # got[j] holds piece j of every pod: pod q's block is its
+            # pieces in rail order.
+            w = hi - lo
+            blocks = got.view(self._min, npods, p).transpose(0, 1).reshape(npods, -1)
+            blocks = blocks[:, :self._max * w].reshape(npods, self._max, w)
+            for q, pod in enumerate(self.pods):
+                idx = torch.tensor(pod, device=x.device)
+                out[:, lo:hi].index_copy_(0, idx, blocks[q, :len(pod)])
+
+        if c > 0:
+            self._pipelined(self._segments(c, x.element_size() * self._size), start, end)
         return out
 
     def allgather(self, outputs, inputs, opts):
         x = _one(inputs, "all_gather").contiguous().view(-1)
         inter_pod_engine(x.device)
+        outs = _outs(outputs, self._size, "all_gather")
+        _same_count(outs, x.numel(), self._rank, "all_gather")
         got = self._gather_all(x)
-        for r, o in enumerate(_outs(outputs, self._size, "all_gather")):
+        for r, o in enumerate(outs):
             o.copy_(got[r].view_as(o))
         return _work(outputs)
 
@@ -487,13 +600,15 @@ class PodsBackend(C10D.Backend):
         c = out.numel()
         mine = work[self._rank * c:(self._rank + 1) * c]
         if avg:
-            mine = mine / self._size if mine.is_floating_point() else mine // self._size
+            mine = mine.clone()
+            _avg_(mine, self._size)
         out.copy_(mine.view_as(out))
 
     def reduce_scatter(self, outputs, inputs, opts):
         out = _one(outputs, "reduce_scatter")
         inter_pod_engine(out.device)
         ins = _outs(inputs, self._size, "reduce_scatter")
+        _same_count(ins, out.numel(), self._rank, "reduce_scatter")
         op, avg = self._op(opts)
         flat = torch.cat([i.contiguous().view(-1) for i in ins])
         self._reduce_scatter_flat(out, flat, op, avg)
@@ -511,72 +626,121 @@ class PodsBackend(C10D.Backend):
 
     def gather(self, outputs, inputs, opts):
         """Gathered in the pod at local rank 0, the pods' blocks (padded to
-        the largest pod) over rail 0 to the root's pod, then to the root."""
+        the largest pod) over rail 0 to the root's pod, then to the root.
+        Pipelined by segments of the tensor (_pipelined): segment k crosses
+        the pods while the pods gather segment k + 1 and the root's pod
+        hands segment k - 1 to the root."""
         x = _one(inputs, "gather").contiguous().view(-1)
         inter_pod_engine(x.device)
         root = opts.rootRank
         q, j = self._where[root]
         c = x.numel()
-        mine = torch.empty((self.pod_size, c), dtype=x.dtype, device=x.device)
-        if self.pod_size == 1:
-            mine[0].copy_(x)
-        go = C10D.GatherOptions()
-        go.rootRank = 0
-        self._on_pod("gather", lambda b: b.gather([list(mine.unbind(0))] if self.local == 0
-                                                  else [], [x], go))
-        blocks = torch.empty((len(self.pods), self._max, c), dtype=x.dtype, device=x.device)
-        if self.local == 0:
-            block = self._pod_block(mine)
-            ro = C10D.GatherOptions()
-            ro.rootRank = q
+        npods = len(self.pods)
+        outs = _outs(outputs, self._size, "gather") if self._rank == root else []
+        _same_count(outs, c, self._rank, "gather")
+        # Each output as a flat view (a buffer copied back at the end where
+        # it is not contiguous).
+        flats = [o.view(-1) if o.is_contiguous() else
+                 torch.empty(o.numel(), dtype=o.dtype, device=o.device) for o in outs]
+
+        def start(lo, hi):
+            w = hi - lo
+            mine = torch.empty((self.pod_size, w), dtype=x.dtype, device=x.device)
+            if self.pod_size == 1:
+                mine[0].copy_(x[lo:hi])
+            go = C10D.GatherOptions()
+            go.rootRank = 0
+            part = x[lo:hi]
+            self._on_pod("gather", lambda b: b.gather([list(mine.unbind(0))] if self.local == 0
+                                                      else [], [part], go))
+            blocks = torch.empty((npods, self._max, w), dtype=x.dtype, device=x.device)
+            finish = None
+            if self.local == 0:
+                block = self._pod_block(mine)
+                if npods == 1:
+                    blocks[0].copy_(block)
+                else:
+                    ro = C10D.GatherOptions()
+                    ro.rootRank = q
+                    if self.pod_index == q:
+                        finish = self._rail_start("gather", blocks, lambda g, out: g.gather(
+                            [list(out.unbind(0))], [block.to(out.device)], ro))
+                    else:
+                        finish = self._rail_start("gather", block,
+                                                  lambda g, y: g.gather([], [y], ro))
+            return lo, hi, blocks, finish
+
+        def end(lo, hi, blocks, finish):
+            if finish is not None:
+                finish()
             if self.pod_index == q:
-                self._rail("gather", blocks, lambda g, r, out: g.gather(
-                    [list(out.unbind(0))], [block.to(out.device)], ro))
-            else:
-                self._rail("gather", block, lambda g, r, y: g.gather([], [y], ro))
-        if self.pod_index == q:
-            self._move_in_pod(blocks, 0, j, "gather (to the root)")
-        if self._rank == root:
-            outs = _outs(outputs, self._size, "gather")
-            for qq, p in enumerate(self.pods):
-                for jj, r in enumerate(p):
-                    outs[r].copy_(blocks[qq, jj].view_as(outs[r]))
+                self._move_in_pod(blocks, 0, j, "gather (to the root)")
+            if self._rank == root:
+                for qq, p in enumerate(self.pods):
+                    for jj, r in enumerate(p):
+                        flats[r][lo:hi].copy_(blocks[qq, jj])
+
+        if c > 0:
+            self._pipelined(self._segments(c, x.element_size() * self._size), start, end)
+        for o, f in zip(outs, flats):
+            if f.data_ptr() != o.data_ptr():
+                o.copy_(f.view_as(o))
         return _work(outputs)
 
     def scatter(self, outputs, inputs, opts):
         """The root's tensors to its pod's local rank 0, over rail 0 to each
         pod's local rank 0 (a block padded to the largest pod), scattered in
-        the pod."""
+        the pod. Pipelined by segments of the tensor (_pipelined) as gather
+        is."""
         out = _one(outputs, "scatter")
         inter_pod_engine(out.device)
         root = opts.rootRank
         q, j = self._where[root]
         c = out.numel()
-        blocks = torch.zeros((len(self.pods), self._max, c), dtype=out.dtype, device=out.device)
-        if self._rank == root:
-            ins = _outs(inputs, self._size, "scatter")
-            for qq, p in enumerate(self.pods):
-                for jj, r in enumerate(p):
-                    blocks[qq, jj].copy_(ins[r].contiguous().view(-1))
-        if self.pod_index == q:
-            self._move_in_pod(blocks, j, 0, "scatter (from the root)")
-        mine = torch.empty((self._max, c), dtype=out.dtype, device=out.device)
-        if self.local == 0:
-            so = C10D.ScatterOptions()
-            so.rootRank = q
-            if self.pod_index == q:
-                src = list(blocks.unbind(0))
-                self._rail("scatter", mine, lambda g, r, y: g.scatter(
-                    [y], [[s.to(y.device) for s in src]], so))
-            else:
-                self._rail("scatter", mine, lambda g, r, y: g.scatter([y], [], so))
+        npods = len(self.pods)
+        ins = _outs(inputs, self._size, "scatter") if self._rank == root else []
+        _same_count(ins, c, self._rank, "scatter")
         flat = out.contiguous().view(-1)
-        if self.pod_size == 1:
-            flat.copy_(mine[0])
-        po = C10D.ScatterOptions()
-        po.rootRank = 0
-        self._on_pod("scatter", lambda b: b.scatter(
-            [flat], [list(mine[:self.pod_size].unbind(0))] if self.local == 0 else [], po))
+
+        def start(lo, hi):
+            w = hi - lo
+            blocks = torch.zeros((npods, self._max, w), dtype=out.dtype, device=out.device)
+            if self._rank == root:
+                for qq, p in enumerate(self.pods):
+                    for jj, r in enumerate(p):
+                        blocks[qq, jj].copy_(ins[r].contiguous().view(-1)[lo:hi])
+            if self.pod_index == q:
+                self._move_in_pod(blocks, j, 0, "scatter (from the root)")
+            mine = torch.empty((self._max, w), dtype=out.dtype, device=out.device)
+            finish = None
+            if self.local == 0:
+                if npods == 1:
+                    mine.copy_(blocks[0])
+                else:
+                    so = C10D.ScatterOptions()
+                    so.rootRank = q
+                    if self.pod_index == q:
+                        src = list(blocks.unbind(0))
+                        finish = self._rail_start("scatter", mine, lambda g, y: g.scatter(
+                            [y], [[s.to(y.device) for s in src]], so))
+                    else:
+                        finish = self._rail_start("scatter", mine,
+                                                  lambda g, y: g.scatter([y], [], so))
+            return lo, hi, mine, finish
+
+        def end(lo, hi, mine, finish):
+            if finish is not None:
+                finish()
+            part = flat[lo:hi]
+            if self.pod_size == 1:
+                part.copy_(mine[0])
+            po = C10D.ScatterOptions()
+            po.rootRank = 0
+            self._on_pod("scatter", lambda b: b.scatter(
+                [part], [list(mine[:self.pod_size].unbind(0))] if self.local == 0 else [], po))
+
+        if c > 0:
+            self._pipelined(self._segments(c, out.element_size() * self._size), start, end)
         if flat.data_ptr() != out.data_ptr():
             out.copy_(flat.view_as(out))
         return _work(outputs)
@@ -603,8 +767,8 @@ class PodsBackend(C10D.Backend):
         """all_to_all_v of contiguous 1-D tensors, counts in elements per
         group rank: the part between ranks of one pod over the pool (the
         pod's all_to_all_single, its peers in other pods given 0), the part
-        between pods over the cross group (peers in my pod given 0); every
-        byte moves once, over its own tier."""
+        between pods over the cross group (peers in my pod given 0), the two
+        at once; every byte moves once, over its own tier."""
         n = self._size
         in_displ = [0] * n
         out_displ = [0] * n
@@ -612,6 +776,16 @@ class PodsBackend(C10D.Backend):
             in_displ[r] = in_displ[r - 1] + in_counts[r - 1]
             out_displ[r] = out_displ[r - 1] + out_counts[r - 1]
         pod = self.pods[self.pod_index]
+        # The cross part (peers of other pods) starts first and runs in the
+        # engine's threads while this thread runs the pod's part.
+        mine = set(pod)
+        ci = [0 if r in mine else in_counts[r] for r in range(n)]
+        co = [0 if r in mine else out_counts[r] for r in range(n)]
+        cin = torch.cat([x[in_displ[r]:in_displ[r] + ci[r]] for r in range(n)])
+        cout = torch.empty(sum(co), dtype=x.dtype, device=x.device)
+        a = cin.cpu() if self._staged(x) else cin
+        finish = self._rail_start("all_to_all", cout, lambda g, b: g.alltoall_base(
+            b, a, co, ci, C10D.AllToAllOptions()), kind="cross")
         # The pod's part: its ranks in local order.
         if self.pod_size > 1:
             pin = torch.cat([x[in_displ[r]:in_displ[r] + in_counts[r]] for r in pod])
@@ -628,18 +802,7 @@ class PodsBackend(C10D.Backend):
             r = self._rank
             out[out_displ[r]:out_displ[r] + out_counts[r]].copy_(
                 x[in_displ[r]:in_displ[r] + in_counts[r]])
-        # The cross part: peers of other pods.
-        mine = set(pod)
-        ci = [0 if r in mine else in_counts[r] for r in range(n)]
-        co = [0 if r in mine else out_counts[r] for r in range(n)]
-        cin = torch.cat([x[in_displ[r]:in_displ[r] + ci[r]] for r in range(n)])
-        cout = torch.empty(sum(co), dtype=x.dtype, device=x.device)
-        staged = self._staged(x)
-        a, b = (cin.cpu(), cout.cpu()) if staged else (cin, cout)
-        self._inter("cross", "all_to_all", x.device,
-                    lambda g, m: g.alltoall_base(b, a, co, ci, C10D.AllToAllOptions()))
-        if staged:
-            cout.copy_(b)
+        finish()
         at = 0
         for r in range(n):
             if co[r]:
@@ -732,7 +895,7 @@ class PodsBackend(C10D.Backend):
         flat = torch.cat([t.contiguous().view(-1) for t in tensors])
         self._allreduce_flat(flat, op)
         if avg:
-            flat = flat / self._size if flat.is_floating_point() else flat // self._size
+            _avg_(flat, self._size)
         at = 0
         for t in tensors:
             t.copy_(flat[at:at + t.numel()].view_as(t))
@@ -746,16 +909,47 @@ class PodsBackend(C10D.Backend):
         return self._p2p(False, tensors, src, tag)
 
 
+# The element types of the pod tier (the C++ backend's), checked before any
+# tier runs, as the reductions are.
+_ELEMENT_TYPES = (torch.int8, torch.uint8, torch.int32, torch.int64, torch.float16,
+                  torch.bfloat16, torch.float32, torch.float64)
+
+
+def _typed(t, call):
+    if t.dtype not in _ELEMENT_TYPES:
+        raise ValueError(f"cxlrt: {call}: no element type for {t.dtype} (int8, uint8, int32, "
+                         "int64, float16, bfloat16, float32, float64)")
+    return t
+
+
 def _one(tensors, call):
     if len(tensors) != 1:
         raise ValueError(f"cxlrt: {call}: expected one tensor, got {len(tensors)}")
-    return tensors[0]
+    return _typed(tensors[0], call)
 
 
 def _outs(lists, size, call):
     if len(lists) != 1 or len(lists[0]) != size:
         raise ValueError(f"cxlrt: {call}: expected one list of {size} tensors")
+    for t in lists[0]:
+        _typed(t, call)
     return lists[0]
+
+
+def _avg_(t, size):
+    """The sum in t divided by the group size in place; integers truncated
+    toward zero, as the pod tier's avg (C++ division) does."""
+    if t.is_floating_point() or t.is_complex():
+        t.div_(size)
+    else:
+        t.copy_(torch.div(t, size, rounding_mode="trunc"))
+
+
+def _same_count(tensors, count, rank, call):
+    for i, t in enumerate(tensors):
+        if t.numel() != count:
+            raise ValueError(f"cxlrt: [Rank {rank}] {call}: tensor {i} of the list holds "
+                             f"{t.numel()} elements, not {count}")
 
 
 def describe(pods) -> str:

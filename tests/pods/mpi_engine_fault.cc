@@ -8,6 +8,11 @@
 //             iteration 20; every other rank returns an error (the
 //             deadline, or MPI's error as kAborted) within its deadline
 //             plus a margin, never hangs.
+//   notice:   rank 0 aborts its world engine while ranks 1 and 2 wait on
+//             a Recv from it over a rail split from that world, with a
+//             30 s deadline: each gets kAborted naming rank 0's reason
+//             within the margin (the engine's abort notice); then all three
+//             pass a Barrier on a second world engine, which heard nothing.
 // Each rank writes one line, "PASS ..." or "FAIL ...", to
 // $CXLRT_FAULT_OUT/rank.N, and exits (0) at once after, without waiting for
 // the dead or absent rank.
@@ -110,11 +115,39 @@ int Kill(InterPodEngine& w) {
   }
 }
 
+int Notice(InterPodEngine& w, InterPodEngine& other) {
+  auto rail = w.Split(0, w.rank(), absl::Now() + absl::Seconds(20));
+  if (!rail.ok()) return (Report(w.rank(), false, "Split: " + rail.status().ToString()), 1);
+  std::string log;
+  bool ok = true;
+  if (w.rank() == 0) {
+    absl::SleepFor(absl::Milliseconds(300));
+    w.Abort("rank 0 gives up");
+    log = "aborted; ";
+  } else {
+    char buf[8];
+    auto r = (*rail)->Recv(buf, sizeof buf, 0, 5);
+    const absl::Time start = absl::Now();
+    absl::Status s = r.ok() ? (*rail)->Wait(*r, start + absl::Seconds(30)) : r.status();
+    const absl::Duration took = absl::Now() - start;
+    absl::StrAppend(&log, "Recv on the rail -> ", s.ToString(), " after ",
+                    absl::FormatDuration(took), "; ");
+    ok &= s.code() == absl::StatusCode::kAborted && took < kMargin &&
+          s.message().find("world member 0 aborted: rank 0 gives up") != std::string::npos;
+  }
+  // Another world's engine heard nothing: it still works.
+  auto bar = other.Barrier();
+  absl::Status s = bar.ok() ? other.Wait(*bar, absl::Now() + absl::Seconds(20)) : bar.status();
+  absl::StrAppend(&log, "Barrier on another world -> ", s.ToString());
+  ok &= s.ok();
+  return (Report(w.rank(), ok, log), ok ? 0 : 1);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 2) {
-    std::fprintf(stderr, "usage: mpirun -n 3 %s deadline|kill\n", argv[0]);
+    std::fprintf(stderr, "usage: mpirun -n 3 %s deadline|kill|notice\n", argv[0]);
     return 2;
   }
   auto w = MpiEngine::World(MPI_COMM_WORLD);
@@ -131,6 +164,10 @@ int main(int argc, char** argv) {
   int rc = 2;
   if (mode == "deadline") rc = Deadline(**w, **other);
   if (mode == "kill") rc = Kill(**w);
+  if (mode == "notice") {
+    rc = Notice(**w, **other);
+    w->reset();  // flushes rank 0's notices before the exit below
+  }
   if (rc == 2) std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
   std::fflush(nullptr);
   // No MPI_Finalize: a member is dead or absent, and it would wait for it.

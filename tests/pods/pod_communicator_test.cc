@@ -149,8 +149,10 @@ class PodsTest : public ::testing::TestWithParam<CoherenceDomain> {
     std::vector<pid_t> pids;
     for (int w = 0; w < n; ++w) {
       pids.push_back(Spawn([&, w]() -> int {
-        std::string err = RunRank(pod_uris[pods[w]], ic_uri, n, w, body, options, pod_options,
-                                  leave_at_exit, lease);
+        PodOptions po = pod_options;
+        if (chunk_bytes_of_) po.chunk_bytes = chunk_bytes_of_(w);
+        std::string err =
+            RunRank(pod_uris[pods[w]], ic_uri, n, w, body, options, po, leave_at_exit, lease);
         if (err.empty()) return 0;
         std::snprintf(errors_ + w * kErrPerRank, kErrPerRank - 1, "world rank %d: %s", w,
                       err.c_str());
@@ -211,6 +213,9 @@ class PodsTest : public ::testing::TestWithParam<CoherenceDomain> {
     o.slot_bytes = 64 << 10;
     return o;
   }
+
+  // When set, world rank w's PodOptions::chunk_bytes (RunPods).
+  std::function<uint64_t(int)> chunk_bytes_of_;
 
   static constexpr size_t kErrPerRank = 1024;
   static constexpr size_t kErrBytes = 16 * kErrPerRank;
@@ -284,6 +289,23 @@ TEST_P(PodsTest, EveryCollectiveIsExactOnUnevenPodsOfTwoAndThree) {
         return "";
       },
       Options(), po);
+}
+
+TEST_P(PodsTest, RanksThatDisagreeOnChunkBytesAreRefusedAtCreate) {
+  // Different chunks would cut a call into engine operations that do not
+  // match: every rank's Create refuses, naming the two values.
+  chunk_bytes_of_ = [](int w) -> uint64_t { return w == 2 ? 8192 : 4096; };
+  RunPods(
+      {0, 0, 1, 1}, [](Rank&) -> std::string { return "Create succeeded"; }, Options(), {},
+      [](int) { return 1; });
+  for (int w = 0; w < 4; ++w) {
+    const std::string err = errors_ + w * kErrPerRank;
+    EXPECT_NE(err.find("INVALID_ARGUMENT"), std::string::npos) << err;
+    EXPECT_NE(err.find("chunk_bytes differs between ranks: 4096 at world rank 0, 8192 at world "
+                       "rank 2"),
+              std::string::npos)
+        << err;
+  }
 }
 
 TEST_P(PodsTest, PodsOfScatteredWorldRanksArePodMajor) {

@@ -11,10 +11,10 @@
 //                             including zeros; Send/Recv around a ring that
 //                             crosses the pods, in order; Barrier; Destroy.
 //   pod_mpi_test kill VICTIM  a loop of collectives in which world rank
-//                             VICTIM SIGKILLs itself: every other rank must
-//                             get kAborted or kDeadlineExceeded within about
-//                             twice its timeout (CXLRT_COMM_TIMEOUT_MS),
-//                             never OK and never a hang.
+//                             VICTIM SIGKILLs itself: every other rank, in
+//                             every pod, must get kAborted before its
+//                             timeout (CXLRT_COMM_TIMEOUT_MS) ends, never
+//                             OK, never a hang.
 //
 // Every rank prints one line, "rank R: PASS ..." or "rank R: FAIL ...", and
 // exits 0 or 1; after a failure it exits at once (no MPI_Finalize, which
@@ -121,11 +121,13 @@ std::string RunKill(MultiPodCommunicator& comm, int victim) {
     }
   }
   if (s.ok()) return "every call succeeded with a rank dead";
-  if (s.code() != absl::StatusCode::kAborted && s.code() != absl::StatusCode::kDeadlineExceeded) {
-    return "not aborted: " + s.ToString();
-  }
+  // kAborted, before the deadline, in the victim's pod and the others: its
+  // pod-mates see it dead through the pool, and their engines' abort
+  // notices reach the other pods (a rank that heard none would wait for
+  // the deadline: kDeadlineExceeded).
+  if (s.code() != absl::StatusCode::kAborted) return "not aborted: " + s.ToString();
   const absl::Duration took = absl::Now() - died;
-  if (took > 2 * timeout + absl::Seconds(5)) {
+  if (took > timeout) {
     return absl::StrCat("noticed after ", absl::FormatDuration(took), " (timeout ",
                         absl::FormatDuration(timeout), "): ", s.ToString());
   }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs a failure mode of the MPI engine between pods (mpi_engine_fault.cc)
 # under mpirun with 3 ranks and checks that every rank that should report
-# did, with PASS. Usage: run_fault.sh MPIRUN PROGRAM deadline|kill
+# did, with PASS. Usage: run_fault.sh MPIRUN PROGRAM deadline|kill|notice
 #
 # mpirun (Open MPI 4.1) aborts the whole job as soon as one rank is killed
 # or exits non-zero: the survivors would be killed before they could
@@ -15,6 +15,7 @@ trap 'rm -rf "$out"' EXIT
 case $mode in
   deadline) expect=(0 1) ;;  # rank 2 never joins
   kill) expect=(0 2) ;;      # rank 1 kills itself
+  notice) expect=(0 1 2) ;;  # rank 0 aborts; 1 and 2 hear it
   *) echo "unknown mode $mode"; exit 2 ;;
 esac
 start=$(date +%s)

@@ -42,7 +42,11 @@ for domain in hardware simulated; do
 done
 
 # Rank 1 (pod 0, local rank 1) of 2 x 2, hardware; rank 3 (pod 1, local
-# rank 1) of 2 + 3, simulated.
+# rank 1) of 2 + 3, simulated. A timeout well past the lease: the victim's
+# pod-mates see it dead through the pool in about 1.2 s, and the other
+# pod's ranks must hear their abort notices (kAborted) long before their
+# own deadline (pod_mpi_test.cc, RunKill).
+export CXLRT_COMM_TIMEOUT_MS=10000
 run "rank 1 killed in pod 0" 137 3 --pods 2 -n 4 --pool "emu://pk$$?size=128M" --timeout 60 \
   -- "$prog" kill 1
 check "rank 1 named" 1 "$(grep -c 'rank 1 (pod 0, local rank 1) was killed by signal 9' <<<"$out")"

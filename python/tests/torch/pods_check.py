@@ -200,6 +200,76 @@ for count in (3, 4097):
         run_both(f"scatter {count} root {root}", scatter,
                  value(rank, count, torch.int32, salt=root))
 
+# Large enough for the pipeline of broadcast and all_gather (segments of 1
+# MiB or more: torch_pods.PIPELINE_*), of counts no pod size divides, the
+# root in the last pod.
+def broadcast_big(g):
+    t = value(rank, 1_000_003, torch.float32)
+    dist.broadcast(t, src=n - 1, group=g)
+    return t
+run_both("broadcast pipelined 1000003", broadcast_big, value(n - 1, 1_000_003, torch.float32))
+
+def all_gather_big(g):
+    t = value(rank, 300_007, torch.int64)
+    out = torch.empty(n * 300_007, dtype=torch.int64, device=DEVICE)
+    dist.all_gather_into_tensor(out, t, group=g)
+    return out
+run_both("all_gather pipelined 300007", all_gather_big,
+         torch.cat([value(r, 300_007, torch.int64) for r in range(n)]))
+
+# The pipelines of reduce, gather and scatter (segments of 1 MiB or more),
+# counts no pod size divides, the root in the last pod; a reduce leaves the
+# other ranks' tensors as they were.
+for dtype, count in ((torch.float32, 1_000_003), (torch.int64, 700_001)):
+    def reduce_big(g, dtype=dtype, count=count):
+        t = value(rank, count, dtype)
+        dist.reduce(t, dst=n - 1, group=g)
+        return t if rank == n - 1 else torch.zeros(0, device=DEVICE)
+    run_both(f"reduce pipelined {dtype} {count}", reduce_big,
+             sum(value(r, count, torch.float64) for r in range(n)).to(dtype)
+             if rank == n - 1 else torch.zeros(0))
+    kept = value(rank, count, dtype)
+    dist.reduce(kept, dst=n - 1, op=dist.ReduceOp.MAX)
+    if rank != n - 1:
+        same(f"reduce pipelined {dtype} {count}: a non-root's tensor", kept,
+             value(rank, count, dtype))
+
+def gather_big(g):
+    t = value(rank, 300_007, torch.int64)
+    out = [torch.empty_like(t) for _ in range(n)] if rank == n - 1 else None
+    dist.gather(t, out, dst=n - 1, group=g)
+    return torch.stack(out) if rank == n - 1 else torch.zeros(0, device=DEVICE)
+run_both("gather pipelined 300007", gather_big,
+         torch.stack([value(r, 300_007, torch.int64) for r in range(n)])
+         if rank == n - 1 else torch.zeros(0))
+
+def scatter_big(g):
+    out = torch.empty(300_007, dtype=torch.float32, device=DEVICE)
+    ins = [value(r, 300_007, torch.float32, salt=7) for r in range(n)] \
+        if rank == n - 1 else None
+    dist.scatter(out, ins, src=n - 1, group=g)
+    return out
+run_both("scatter pipelined 300007", scatter_big, value(rank, 300_007, torch.float32, salt=7))
+
+# A gather into outputs that are not contiguous (columns of matrices).
+if npods > 1:  # today's backend refuses them (the tensor is not contiguous)
+    cols = [torch.zeros(5, 2, device=DEVICE) for _ in range(n)] if rank == 0 else None
+    dist.gather(value(rank, 5, torch.float32), [m[:, 1] for m in cols] if cols else None,
+                dst=0)
+    if rank == 0:
+        for r in range(n):
+            same(f"gather into a column, rank {r}", cols[r][:, 1], value(r, 5, torch.float32))
+            same(f"gather into a column, rank {r}: the other column", cols[r][:, 0],
+                 torch.zeros(5))
+
+# Fewer elements than the rails (a rail's piece is empty), and none.
+for count in (0, 1):
+    def broadcast_tiny(g, count=count):
+        t = value(rank, count, torch.float32)
+        dist.broadcast(t, src=n - 1, group=g)
+        return t
+    run_both(f"broadcast {count} root {n - 1}", broadcast_tiny, value(n - 1, count, torch.float32))
+
 for count in (1, 4097, 65_537):
     def all_gather(g):
         t = value(rank, count, torch.bfloat16)
@@ -345,6 +415,49 @@ if npods > 1:
     t = value(rank, 10, torch.int64)
     dist.all_reduce(t)
     same("all_reduce after an error", t, sum(value(r, 10, torch.int64) for r in range(n)))
+
+# Refused alike on every rank before any tier runs (a rank alone in its pod
+# must not wait on its rail): reductions and element types the pod tier
+# lacks, and list tensors of the wrong size (which across pods gave wrong
+# sums instead).
+def refused(name, call, words):
+    try:
+        call()
+        raise AssertionError(f"rank {rank}: {name} succeeded")
+    except (ValueError, RuntimeError) as e:
+        assert words in str(e), e
+        checked.append(f"{name} refused")
+
+refused("all_reduce BAND", lambda: dist.all_reduce(torch.ones(4, dtype=torch.int64,
+                                                               device=DEVICE),
+                                                    op=dist.ReduceOp.BAND), "reductions are")
+refused("all_reduce of bool", lambda: dist.all_reduce(torch.ones(4, dtype=torch.bool,
+                                                                 device=DEVICE)),
+        "element type")
+refused("reduce_scatter of a wrong-size list",
+        lambda: dist.reduce_scatter(torch.empty(3, device=DEVICE),
+                                    [torch.ones(4, device=DEVICE) for _ in range(n)]),
+        "elements" if npods > 1 else "must match")
+if npods > 1:  # today's backend fails this in torch's own code, after the call
+    refused("all_gather into a wrong-size list",
+            lambda: dist.all_gather([torch.empty(5 if r else 6, device=DEVICE)
+                                     for r in range(n)], torch.ones(5, device=DEVICE)),
+            "elements")
+
+# Integer avg truncates toward zero (one pod's C++ division), e.g. -7 / 4 -> -1.
+t = torch.full((3,), -1 if rank else -(n + 3), dtype=torch.int64, device=DEVICE)
+dist.all_reduce(t, op=dist.ReduceOp.AVG)
+same("all_reduce avg of integers truncates", t,
+     torch.full((3,), int(-(2 * n + 2) / n), dtype=torch.int64))
+
+# batch_isend_irecv: a ring, each rank sending to the next (torch asks the
+# backend whether it coalesces: across pods that recursed without end).
+ring_in = torch.empty(7, device=DEVICE)
+ops = [dist.P2POp(dist.isend, value(rank, 7, torch.float32), (rank + 1) % n),
+       dist.P2POp(dist.irecv, ring_in, (rank - 1) % n)]
+for w in dist.batch_isend_irecv(ops):
+    w.wait()
+same("batch_isend_irecv ring", ring_in, value((rank - 1) % n, 7, torch.float32))
 
 # Coalesced all-reduce: several tensors of one type as one.
 def coalesced(g):
