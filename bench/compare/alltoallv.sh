@@ -11,7 +11,7 @@
 # median over rounds of the ratio within a round. The load average is
 # printed before and after.
 #
-#   bench/compare/alltoallv.sh [RANKS...]        (default: 2 4)
+#   bench/compare/alltoallv.sh [RANKS...] [--plot FILE.png]       (default: 2 4)
 #   env: TOKENS=4096 HIDDEN=2048 EXPERTS=8 TOPK=1 SKEWS="zipf:1.2 hot:2:0.5 uniform"
 #        SEED=1 ITERS=20 WARMUP=5 ROUNDS=3
 #
@@ -22,6 +22,9 @@
 # in their waits; Open MPI's with --oversubscribe). Installs what it needs
 # (root, apt-get). cxlrt runs in the hardware domain.
 set -euo pipefail
+. "$(dirname "$0")/plot_option.sh"
+plot_option_parse "$@"
+set -- "${PLOT_ARGS[@]+"${PLOT_ARGS[@]}"}"
 cd "$(dirname "$0")/../.."
 RANKS=("$@")
 [ $# -eq 0 ] && RANKS=(2 4)
@@ -78,6 +81,8 @@ for round in $(seq 1 "$ROUNDS"); do
   done
 done
 LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
+
+plot_option_draw "MoE all-to-all-v: cxlrt vs Open MPI (bench/compare/alltoallv.sh)" "$OUT"
 
 /usr/bin/python3 - "$OUT" "$LOAD_BEFORE" "$LOAD_AFTER" <<'PY'
 import json, statistics, sys

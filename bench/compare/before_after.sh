@@ -6,7 +6,7 @@
 # during the run falls on both alike. Prints the median of each row per
 # build and their ratio (B / A), with the range.
 #
-#   bench/compare/before_after.sh A_CXLRT B_CXLRT
+#   bench/compare/before_after.sh A_CXLRT B_CXLRT [--plot FILE.png]
 #   env: ROUNDS=3 (ABBA blocks; each build runs 2 x ROUNDS times), RANKS=2,
 #        MIN=64K MAX=4M ITERS=100, COLLS="allreduce allgather ...", KV=1
 #
@@ -17,6 +17,9 @@
 # Busbw and kv rows are GB/s (higher is better), latency rows us (lower is
 # better). On a noisy machine, read a ratio only against the ranges.
 set -euo pipefail
+. "$(dirname "$0")/plot_option.sh"
+plot_option_parse "$@"
+set -- "${PLOT_ARGS[@]+"${PLOT_ARGS[@]}"}"
 [ $# -eq 2 ] || { sed -n '2,18p' "$0"; exit 2; }
 A=$1
 B=$2
@@ -60,6 +63,8 @@ for ((i = 1; i <= ROUNDS; i++)); do
     run "$label" "$prog" >>"$OUT"
   done
 done
+
+plot_option_draw "build A ($A) vs build B ($B) (bench/compare/before_after.sh)" "$OUT"
 
 /usr/bin/python3 - "$OUT" "$A" "$B" <<'PY'
 import collections, json, statistics, sys

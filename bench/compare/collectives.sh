@@ -3,13 +3,14 @@
 # machine, in one run, same sizes and rank counts, and prints one table of
 # busbw with the ratio cxlrt / best peer.
 #
-#   bench/compare/collectives.sh [RANKS...]     (default: 2)
+#   bench/compare/collectives.sh [RANKS...] [--plot FILE.png]     (default: 2)
 #   env: MIN=64K MAX=64M ITERS=20 WARMUP=5 COLLS="allreduce allgather ..."
 #
 # The ceiling probe (`cxlrt bench ceiling`: the 2-rank all-reduce with the
 # least protocol that works, over a memfd) runs in the same run, and every
 # cxlrt row also reads against the traffic bound its benchmark reports
-# (busbw / bound: above 1.0 would mean the bound is wrong).
+# (busbw / bound: above 1.0 would mean the bound is wrong). Broadcast is
+# cxlrt's in-place call, as MPI_Bcast's one buffer.
 #
 # Each peer gets its best configuration: Open MPI runs in a private network
 # namespace with only loopback up (its out-of-band listeners bind every
@@ -19,6 +20,9 @@
 # is pinned to lo and initialised from a file. Installs what it needs
 # (root, apt-get). cxlrt runs in the hardware domain.
 set -euo pipefail
+. "$(dirname "$0")/plot_option.sh"
+plot_option_parse "$@"
+set -- "${PLOT_ARGS[@]+"${PLOT_ARGS[@]}"}"
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
 RANKS=("${@:-2}")
@@ -96,10 +100,19 @@ for n in "${RANKS[@]}"; do
     2>>"$WORK/gloo.err" | sed 's/^{/{"latency": true, /' >>"$OUT" || true
 done
 
+plot_option_draw "collectives: cxlrt, Open MPI, Gloo (bench/compare/collectives.sh)" "$OUT"
+
 /usr/bin/python3 - "$OUT" <<'PY'
 import json, sys
 every = [json.loads(l) for l in open(sys.argv[1]) if l.strip().startswith("{")]
 rows = [r for r in every if not r.get("latency")]
+# MPI_Bcast has one buffer: cxlrt's broadcast reads against its in-place
+# call (out of place its root also copies send to recv, which MPI never does).
+for r in rows:
+    if r.get("collective") == "broadcast" and "inplace_busbw_gbps" in r:
+        r["busbw_gbps"] = r["inplace_busbw_gbps"]
+        if r.get("bound_busbw_gbps"):
+            r["busbw_vs_bound"] = r["busbw_gbps"] / r["bound_busbw_gbps"]
 lat = [r for r in every if r.get("latency")]
 first = next((r for r in rows if "two_thread_copy_gbps" in r), {})
 print(f"# busbw in GB/s (nccl-tests formulas). This machine, measured in the run: memcpy "

@@ -5,14 +5,18 @@
 # per call, with Open MPI's over each build's. On a shared machine single
 # runs move by 2-10x; the best of interleaved runs is what the code can do,
 # the median what it did. The load average of each round goes to stderr.
+# Broadcast is cxlrt's in-place call (MPI_Bcast's one buffer).
 #
-#   bench/compare/interleaved.sh CXLRT [CXLRT...]
+#   bench/compare/interleaved.sh CXLRT [CXLRT...] [--plot FILE.png]
 #   env: COLL=allreduce MIN=8 MAX=4K ITERS=5000 ROUNDS=8 RANKS=2
 #
 # E.g. the 8 B-32 KiB all-reduce of a parent build against this one:
 #   MAX=32K bench/compare/interleaved.sh /tmp/parent/build/bin/cxlrt build/bin/cxlrt
 set -euo pipefail
-[ $# -ge 1 ] || { sed -n '2,13p' "$0"; exit 2; }
+. "$(dirname "$0")/plot_option.sh"
+plot_option_parse "$@"
+set -- "${PLOT_ARGS[@]+"${PLOT_ARGS[@]}"}"
+[ $# -ge 1 ] || { sed -n '2,14p' "$0"; exit 2; }
 cd "$(dirname "$0")/../.."
 COLL=${COLL:-allreduce}
 MIN=${MIN:-8}
@@ -44,17 +48,22 @@ for round in $(seq "$ROUNDS"); do
     unshare -n sh -c "ip link set lo up && mpirun --allow-run-as-root --oversubscribe \
         -x GLIBC_TUNABLES --bind-to none -np $RANKS $pml \
         $WORK/mpi_coll $COLL $LO $HI 2 $ITERS $((ITERS / 10))" 2>>"$WORK/mpi.err" |
-      sed "s|^{|{\"who\": \"mpi\", \"round\": $round, |" >>"$OUT" || true
+      sed "s|^{|{\"who\": \"mpi\", \"round\": $round, \"config\": \"${pml%% --mca btl*}\", |" \
+        >>"$OUT" || true
   done
   echo "# round $round: $(uptime | sed 's/.*load/load/')" >&2
 done
-/usr/bin/python3 - "$OUT" "$@" <<'PY'
+plot_option_draw "interleaved runs: cxlrt builds vs Open MPI (bench/compare/interleaved.sh)" "$OUT"
+
+/usr/bin/python3 - "$OUT" "$COLL" "$@" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-builds = ["cxlrt%d" % (i + 1) for i in range(len(sys.argv) - 2)]
-for i, b in enumerate(sys.argv[2:]):
+coll = sys.argv[2]
+builds = ["cxlrt%d" % (i + 1) for i in range(len(sys.argv) - 3)]
+for i, b in enumerate(sys.argv[3:]):
     print("# cxlrt%d: %s" % (i + 1, b))
-print("# us per call: best / median of the rounds; mpi: the better transport in each round")
+print("# us per call: best / median of the rounds; mpi: the better transport in each round" +
+      ("; cxlrt: in place" if coll == "broadcast" else ""))
 print("%9s" % "bytes" + "".join("%22s" % w for w in builds + ["mpi"]) +
       "".join("%16s" % ("mpi/" + w) for w in builds))
 for size in sorted({r["bytes"] for r in rows}):
@@ -63,7 +72,11 @@ for size in sorted({r["bytes"] for r in rows}):
         per_round = {}
         for r in rows:
             if r["who"] == w and r["bytes"] == size:
-                per_round[r["round"]] = min(per_round.get(r["round"], 1e18), r["time_us"])
+                # MPI_Bcast has one buffer: set cxlrt's broadcast against
+                # its in-place call (out of place, the root also copies its
+                # send buffer to its receive buffer, which MPI never does).
+                key = "inplace_time_us" if coll == "broadcast" and w != "mpi" else "time_us"
+                per_round[r["round"]] = min(per_round.get(r["round"], 1e18), r[key])
         v = list(per_round.values())
         t[w] = (min(v), statistics.median(v)) if v else None
     cell = lambda x: "%10.3f / %9.3f" % x if x else "%22s" % "-"

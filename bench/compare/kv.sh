@@ -6,10 +6,13 @@
 # and AOF off, stopped after; a hiredis client pipelines the batched runs).
 # Prints GB/s for both and the ratio cxlrt / Redis.
 #
-#   bench/compare/kv.sh                  env: BLOCKS=16K,256K,2M WS=256M REPS=5 BATCH=32
+#   bench/compare/kv.sh [--plot FILE.png]   env: BLOCKS=16K,256K,2M WS=256M REPS=5 BATCH=32
 #
 # Installs what it needs (root, apt-get).
 set -euo pipefail
+. "$(dirname "$0")/plot_option.sh"
+plot_option_parse "$@"
+set -- "${PLOT_ARGS[@]+"${PLOT_ARGS[@]}"}"
 cd "$(dirname "$0")/../.."
 BLOCKS=${BLOCKS:-16K,256K,2M}
 WS=${WS:-256M}
@@ -57,6 +60,12 @@ sizes=()
 IFS=, read -ra list <<<"$BLOCKS"
 for b in "${list[@]}"; do sizes+=("$(bytes "$b")"); done
 "$WORK/redis_kv" "$SOCK" "$(bytes "$WS")" "$BATCH" "$REPS" "${sizes[@]}" >"$WORK/redis.jsonl"
+
+if [ -n "$PLOT" ]; then  # one JSON line for cxlrt's object, then Redis's lines
+  /usr/bin/python3 -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1]))))' \
+    "$WORK/cxlrt.json" | cat - "$WORK/redis.jsonl" >"$WORK/both.jsonl"
+  plot_option_draw "KV: cxlrt vs Redis (bench/compare/kv.sh)" "$WORK/both.jsonl"
+fi
 
 /usr/bin/python3 - "$WORK/cxlrt.json" "$WORK/redis.jsonl" <<'PY'
 import json, sys

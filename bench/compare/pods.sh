@@ -4,8 +4,8 @@
 # each tier's time beside its own limit, all from one run of this script
 # (docs/collectives.md, "Beyond one pool"):
 #
-#   bench/compare/pods.sh            (env: PODS=2 RANKS=4 MIN=64K MAX=64M
-#                                     ITERS=10 WARMUP=3)
+#   bench/compare/pods.sh [--plot FILE.png]   (env: PODS=2 RANKS=4 MIN=64K
+#                                     MAX=64M ITERS=10 WARMUP=3)
 #
 # Peers, each measured here:
 #   hier        cxlrt's MultiPodCommunicator, RANKS ranks in PODS emulated
@@ -22,6 +22,9 @@
 # the engine against an MPI all-reduce of one shard over a rail alone.
 # Installs Open MPI if missing (root, apt-get); builds what it needs.
 set -euo pipefail
+. "$(dirname "$0")/plot_option.sh"
+plot_option_parse "$@"
+set -- "${PLOT_ARGS[@]+"${PLOT_ARGS[@]}"}"
 cd "$(dirname "$0")/../.."
 PODS=${PODS:-2}
 RANKS=${RANKS:-4}
@@ -70,6 +73,8 @@ mpirun "${root[@]}" --oversubscribe --bind-to none -np "$RANKS" --mca pml ob1 \
   "$WORK/mpi_coll" allreduce "$LO" "$HI" 4 "$ITERS" "$WARMUP" |
   sed 's/"peer": "mpi"/"peer": "mpi-shm"/' >>"$OUT"
 echo "{\"load_after\": \"$(load)\"}" >>"$OUT"
+
+plot_option_draw "across pods: cxlrt, one pool, Open MPI (bench/compare/pods.sh)" "$OUT"
 
 /usr/bin/python3 - "$OUT" <<'PY'
 import json, sys
