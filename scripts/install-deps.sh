@@ -22,7 +22,10 @@ PACKAGES=(
   libcli11-dev
   openmpi-bin libopenmpi-dev
   nlohmann-json3-dev
+  libcpp-httplib-dev prometheus
+  libncurses-dev tmux
   python3 python3-dev python3-venv pybind11-dev python3-numpy python3-pytest python3-hypothesis
+  python3-matplotlib
   spin
   clang libclang-rt-14-dev llvm
   clang-format
@@ -115,6 +118,14 @@ if ! "$VENV/bin/python" -c \
   "$VENV/bin/pip" install -q --disable-pip-version-check numba sortedcontainers \
     prometheus_client py-cpuinfo cachetools msgspec pyzmq
 fi
+# Its storage manager and L2 metric subscribers (lmcache_connector_test
+# reads LMCache's own lmcache_mp.l2_* metrics) need OpenTelemetry, at the
+# versions LMCache asks for.
+if ! "$VENV/bin/python" -c \
+    'import lmcache.v1.distributed.storage_manager, opentelemetry.sdk.metrics' 2>/dev/null; then
+  "$VENV/bin/pip" install -q --disable-pip-version-check "opentelemetry-api>=1.20.0,<=1.40.0" \
+    "opentelemetry-sdk>=1.20.0,<=1.40.0"
+fi
 if ! "$VENV/bin/python" -c 'import sglang.srt.mem_cache.storage.backend_factory' 2>/dev/null; then
   "$VENV/bin/pip" install -q --disable-pip-version-check orjson pybase64 starlette msgspec \
     pydantic pyzmq tqdm ipython aiohttp
@@ -135,6 +146,17 @@ if ! "$VENV/bin/python" -c 'import vllm.v1.core.sched.scheduler, vllm.model_exec
   "$VENV/bin/pip" install -q --disable-pip-version-check regex cbor2 "transformers==5.19.0" \
     openai-harmony openai cloudpickle uvloop "xgrammar==0.2.8" "fastapi>=0.133,<0.137" \
     partial-json-parser "llguidance>=1.7,<1.8" einops
+fi
+# NIXL, for the CXLRT backend plugin's tests and benchmark (docs/nixl.md):
+# the CUDA 13 build (the torch above is CUDA 13; it runs without a GPU)
+# and the `nixl` front package, without dependencies (the front package
+# would pull the CUDA 12 build too; torch and numpy are here already).
+NIXL_VERSION=1.5.1
+if [[ "$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("nixl-cu13"), m.version("nixl"))' \
+        2>/dev/null)" != "$NIXL_VERSION $NIXL_VERSION" ]]; then
+  echo "install-deps: installing nixl $NIXL_VERSION (nixl-cu13) into $VENV (PyPI, without its dependencies)"
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps "nixl==$NIXL_VERSION" \
+    "nixl-cu13==$NIXL_VERSION"
 fi
 # mypy, for its stubtest: python_stubs_test checks python/cxlrt/_cxlrt.pyi
 # against the extension module.

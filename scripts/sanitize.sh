@@ -4,7 +4,9 @@
 #     test (the spin models aside: no C++ in them; the VM scenarios aside:
 #     ASan binaries under TCG guests beside a -j2 suite missed their
 #     progress deadlines, and the code they run is the multiprocess
-#     tests' code, run here) and each libFuzzer
+#     tests' code, run here; and the tests labelled asan_skip, which
+#     rerun code other tests run here: tests/CMakeLists.txt says why for
+#     each) and each libFuzzer
 #     harness for CXLRT_FUZZ_SECONDS (default 60) from its seed corpus
 #     (CXLRT_SANITIZE_CPU_LEVEL sets the CPU level; default auto).
 #  2. ThreadSanitizer (build-tsan/): the in-process thread tests (allocator
@@ -30,7 +32,7 @@ cmake --build build-asan -j"$jobs"
 CXLRT_CPU_LEVEL="${CXLRT_SANITIZE_CPU_LEVEL:-auto}" \
 ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:halt_on_error=1}" \
 UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}" \
-  ctest --test-dir build-asan -j2 --output-on-failure --timeout 900 -LE 'model|vm'
+  ctest --test-dir build-asan -j2 --output-on-failure --timeout 900 -LE 'model|vm|asan_skip'
 
 echo "== sanitize: TSan, in-process thread tests"
 tsan_tests=(allocator_test free_queue_test store_test)

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,23 @@ int KvPut(const std::string& uri, const std::string& ns, const std::string& key,
 int KvGet(const std::string& uri, const std::string& ns, const std::string& key,
           const std::string& out);
 int KvHandoff(uint64_t block_bytes, int blocks, double timeout_s);
+// `cxlrt metrics`: every host's published metrics and the pool's gauges in
+// the Prometheus text format (watches the host table for two heartbeats
+// first). `cxlrt serve-metrics`: the same at http://ADDRESS:PORT/metrics,
+// with /health, until a signal (or `seconds`, when positive).
+int Metrics(const std::string& uri);
+int ServeMetrics(const std::string& uri, const std::string& address, int port, double seconds);
+// `cxlrt top`: the live view (ncurses) of the pool's hosts, KV namespaces,
+// communicators and allocator, refreshed every `period_s` until q; with
+// `iterations` > 0, that many frames printed as text instead. Returns 1
+// when the pool cannot be opened, ncurses cannot drive the terminal or the
+// live view was not built (no ncurses), 2 on bad options or when the live
+// view has no terminal.
+struct TopOptions {
+  double period_s = 1;
+  int iterations = 0;  // 0: the live view
+};
+int Top(const std::string& uri, const TopOptions& options);
 // Starts `ranks` processes over `hosts` emulated hosts (0: one per rank) on
 // `pool` ("" : a fresh one). Returns 0, the failed rank's exit code, or 2
 // when the job could not start.
@@ -36,5 +54,15 @@ int Run(int ranks, int hosts, const std::string& pool, double timeout_s,
 // `ranks` 0: the sum of `pod_sizes`. Returns as Run does.
 int RunPods(int ranks, int pods, const std::vector<int>& pod_sizes, const std::string& pool,
             double timeout_s, const std::vector<std::string>& command);
+
+// `cxlrt bench WHAT ... --plot PLOT`: runs `bench` (a benchmark told to
+// write JSON) with its standard output into PLOT's name with ".json", then
+// the plotter (python/cxlrt/plot.py under $CXLRT_PYTHON or /usr/bin/python3)
+// draws PLOT from it. The JSON goes to stdout too when `print_json`, else
+// the plotted series as text. Returns the benchmark's exit code when it
+// failed (no plot), 2 when the plotter or its input is missing or bad, 1
+// when it failed otherwise, else 0.
+int BenchWithPlot(const std::string& what, const std::string& plot, bool print_json,
+                  const std::function<int()>& bench);
 
 }  // namespace cxlrt::tools

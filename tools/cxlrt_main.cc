@@ -14,6 +14,7 @@
 #include "bench/kv_bench.h"
 #include "bench/pods_bench.h"
 #include "bench/pool_bench.h"
+#include "cxlrt/collectives/communicator.h"
 #include "cxlrt/runtime/knobs.h"
 #include "cxlrt/runtime/log.h"
 #include "cxlrt/runtime/pool.h"
@@ -145,6 +146,13 @@ int main(int argc, char** argv) {
 
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
   bench->require_subcommand(1);
+  // --plot FILE.png on every benchmark with a sweep (tools/plot_command.cc).
+  std::string plot_file;
+  auto add_plot = [&plot_file](CLI::App* c) {
+    c->add_option("--plot", plot_file,
+                  "Also draw the sweep into this PNG with matplotlib (the JSON is kept beside it, "
+                  "FILE.json)");
+  };
   std::string bench_uri;
   CLI::App* bench_pool = bench->add_subcommand(
       "pool",
@@ -173,6 +181,7 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 30));
   bench_alloc->add_flag("--json", json, "Machine-readable output");
+  add_plot(bench_alloc);
 
   bench::KvBenchOptions kvb;
   std::vector<std::string> kv_blocks;
@@ -193,6 +202,7 @@ int main(int argc, char** argv) {
   bench_kv->add_flag("--device", kvb.device,
                      "Values put from and got into GPU memory, beside pinned cudaMemcpy");
   bench_kv->add_flag("--json", json, "Machine-readable output");
+  add_plot(bench_kv);
 
   // One subcommand per collective, nccl-tests' flags.
   bench::CollBenchOptions coll;
@@ -227,6 +237,7 @@ int main(int argc, char** argv) {
     c->add_flag("--device", coll.device,
                 "Buffers in GPU memory (the CUDA engine; each rank on the current GPU)");
     c->add_flag("--json", json, "One JSON object per size");
+    add_plot(c);
     coll_apps.emplace_back(c, name);
   }
 
@@ -259,6 +270,7 @@ int main(int argc, char** argv) {
   bench_a2av->add_flag("--in-pool", a2av.in_pool,
                        "Buffers allocated in the pool (sends posted in place)");
   bench_a2av->add_flag("--json", json, "One JSON object per phase");
+  add_plot(bench_a2av);
 
   bench::PodsBenchOptions podsb;
   std::string pods_min = "64K", pods_max = "16M", pods_chunk = "0";
@@ -283,6 +295,7 @@ int main(int argc, char** argv) {
   bench_pods->add_option("--collective", podsb.collective,
                          "allreduce, reducescatter, allgather, broadcast, reduce, alltoall");
   bench_pods->add_flag("--json", json, "One JSON object per size");
+  add_plot(bench_pods);
 
   bench::CeilingOptions ceiling;
   std::string ceiling_min = "64K", ceiling_max = "64M", ceiling_chunk = "1M";
@@ -300,6 +313,7 @@ int main(int argc, char** argv) {
   bench_ceiling->add_option("-w,--warmup_iters", ceiling.warmup, "Warm-up iterations")
       ->check(CLI::Range(0, 1000000));
   bench_ceiling->add_flag("--json", json, "One JSON object per size");
+  add_plot(bench_ceiling);
 
   bench::DmaBenchOptions dma;
   std::string dma_min = "64K", dma_max = "256M";
@@ -313,6 +327,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 100000));
   bench_dma->add_option("--pool", dma.uri, "URI of a pool to create (default emu://bench-dma-PID)");
   bench_dma->add_flag("--json", json, "One JSON object per size");
+  add_plot(bench_dma);
 
   bench::DoorbellBenchOptions bell;
   std::string bell_min = "8", bell_max = "1M";
@@ -332,6 +347,36 @@ int main(int argc, char** argv) {
   bench_bell->add_option("--pool", bell.uri,
                          "URI of a pool to create (default emu://bench-doorbell-PID)");
   bench_bell->add_flag("--json", json, "One JSON object per size");
+  add_plot(bench_bell);
+
+  CLI::App* metrics = app.add_subcommand(
+      "metrics", "Every host's metrics and the pool's, in the Prometheus text format");
+  metrics->add_option("uri", uri, uri_help);
+  std::string serve_address = "127.0.0.1";
+  int serve_port = 9464;
+  double serve_seconds = 0;
+  CLI::App* serve_metrics = app.add_subcommand(
+      "serve-metrics", "Serve the pool's metrics at /metrics (and /health) for Prometheus");
+  serve_metrics->add_option("uri", uri, uri_help);
+  serve_metrics->add_option("--port", serve_port, "TCP port (0: any free one)")
+      ->check(CLI::Range(0, 65535));
+  serve_metrics->add_option("--address", serve_address, "Address to listen on");
+  serve_metrics->add_option("--seconds", serve_seconds, "Stop after this long (0: at a signal)")
+      ->check(CLI::Range(0.0, 1e9));
+
+  tools::TopOptions top_opts;
+  bool top_once = false;
+  CLI::App* top = app.add_subcommand(
+      "top", "A live view of the pool: hosts, KV namespaces, communicators, allocator (q quits)");
+  top->add_option("uri", uri, uri_help);
+  top->add_option("-d,--period", top_opts.period_s, "Seconds between refreshes")
+      ->check(CLI::Range(0.05, 3600.0));
+  CLI::Option* top_iterations =
+      top->add_option("-n,--iterations", top_opts.iterations,
+                      "Print this many frames as text, a period apart, and exit (0: the live view)")
+          ->check(CLI::Range(0, 1000000));
+  top->add_flag("--once", top_once, "Print one frame as text and exit (--iterations 1)")
+      ->excludes(top_iterations);
 
   CLI::App* doctor = app.add_subcommand("doctor", "What this machine offers: NUMA, CXL, DAX, CUDA");
   doctor->add_flag("--json", json, "Machine-readable output");
@@ -368,6 +413,12 @@ int main(int argc, char** argv) {
   if (*attach) return tools::PoolAttach(uri, slot, seconds, interval_ms);
   if (*fence) return tools::PoolFence(uri, slot, force);
   if (*doctor) return tools::Doctor(json);
+  if (*metrics) return tools::Metrics(uri);
+  if (*serve_metrics) return tools::ServeMetrics(uri, serve_address, serve_port, serve_seconds);
+  if (*top) {
+    if (top_once) top_opts.iterations = 1;
+    return tools::Top(uri, top_opts);
+  }
   if (*kv_stats) return tools::KvStats(uri, json);
   if (*kv_ls) return tools::KvList(uri, kv_ns, json);
   if (*kv_put) return tools::KvPut(uri, kv_ns, kv_key, kv_file);
@@ -390,104 +441,119 @@ int main(int argc, char** argv) {
     }
     return tools::Run(ranks, hosts, run_pool, timeout_s, command);
   }
-  if (*bench_kv) {
-    for (const std::string& b : kv_blocks) {
-      auto v = runtime::ParseByteSize(b, "--block");
-      if (!v.ok() || *v == 0) {
-        std::fprintf(stderr, "cxlrt bench kv: bad block size '%s'\n", b.c_str());
+  // The benchmarks, as one call, so that --plot can run them with their
+  // output going to its JSON file. A rank other than 0 under a launcher
+  // prints nothing and plots nothing.
+  const bool plotting = !plot_file.empty() && (!collectives::RankFromEnvironment().ok() ||
+                                               collectives::RankFromEnvironment()->rank == 0);
+  const bool print_json = json;
+  if (plotting) json = true;
+  auto run_bench = [&]() -> int {
+    if (*bench_kv) {
+      for (const std::string& b : kv_blocks) {
+        auto v = runtime::ParseByteSize(b, "--block");
+        if (!v.ok() || *v == 0) {
+          std::fprintf(stderr, "cxlrt bench kv: bad block size '%s'\n", b.c_str());
+          return 2;
+        }
+        kvb.blocks.push_back(*v);
+      }
+      auto ws = runtime::ParseByteSize(kv_ws, "--working-set");
+      if (!ws.ok()) {
+        std::fprintf(stderr, "cxlrt bench kv: %s\n", std::string(ws.status().message()).c_str());
         return 2;
       }
-      kvb.blocks.push_back(*v);
+      kvb.working_set = *ws;
+      kvb.json = json;
+      return bench::RunKvBench(kvb);
     }
-    auto ws = runtime::ParseByteSize(kv_ws, "--working-set");
-    if (!ws.ok()) {
-      std::fprintf(stderr, "cxlrt bench kv: %s\n", std::string(ws.status().message()).c_str());
-      return 2;
+    if (*bench_alloc) return bench::RunAllocBench({alloc_uri, alloc_reps, json, alloc_sizes});
+    if (*bench_a2av) {
+      a2av.json = json;
+      return bench::RunAllToAllVBench(a2av);
     }
-    kvb.working_set = *ws;
-    kvb.json = json;
-    return bench::RunKvBench(kvb);
-  }
-  if (*bench_alloc) return bench::RunAllocBench({alloc_uri, alloc_reps, json, alloc_sizes});
-  if (*bench_a2av) {
-    a2av.json = json;
-    return bench::RunAllToAllVBench(a2av);
-  }
-  for (const auto& [c, name] : coll_apps) {
-    if (!*c) continue;
-    auto lo = runtime::ParseByteSize(coll_min, "-b");
-    auto hi = runtime::ParseByteSize(coll_max, "-e");
-    if (!lo.ok() || !hi.ok()) {
-      std::fprintf(stderr, "cxlrt bench %s: %s\n", name.c_str(),
-                   std::string((lo.ok() ? hi : lo).status().message()).c_str());
-      return 2;
-    }
-    coll.collective = name;
-    coll.min_bytes = *lo;
-    coll.max_bytes = *hi;
-    coll.json = json;
-    return bench::RunCollBench(coll);
-  }
-  if (*bench_pods) {
-    auto lo = runtime::ParseByteSize(pods_min, "-b");
-    auto hi = runtime::ParseByteSize(pods_max, "-e");
-    auto chunk = runtime::ParseByteSize(pods_chunk, "--chunk");
-    for (const auto* v : {&lo, &hi, &chunk}) {
-      if (!v->ok()) {
-        std::fprintf(stderr, "cxlrt bench pods: %s\n", std::string(v->status().message()).c_str());
+    for (const auto& [c, name] : coll_apps) {
+      if (!*c) continue;
+      auto lo = runtime::ParseByteSize(coll_min, "-b");
+      auto hi = runtime::ParseByteSize(coll_max, "-e");
+      if (!lo.ok() || !hi.ok()) {
+        std::fprintf(stderr, "cxlrt bench %s: %s\n", name.c_str(),
+                     std::string((lo.ok() ? hi : lo).status().message()).c_str());
         return 2;
       }
+      coll.collective = name;
+      coll.min_bytes = *lo;
+      coll.max_bytes = *hi;
+      coll.json = json;
+      return bench::RunCollBench(coll);
     }
-    podsb.min_bytes = *lo;
-    podsb.max_bytes = *hi;
-    podsb.chunk_bytes = *chunk;
-    podsb.json = json;
-    return bench::RunPodsBench(podsb);
-  }
-  if (*bench_ceiling) {
-    auto lo = runtime::ParseByteSize(ceiling_min, "-b");
-    auto hi = runtime::ParseByteSize(ceiling_max, "-e");
-    auto chunk = runtime::ParseByteSize(ceiling_chunk, "--chunk");
-    for (const auto* v : {&lo, &hi, &chunk}) {
-      if (!v->ok()) {
-        std::fprintf(stderr, "cxlrt bench ceiling: %s\n",
-                     std::string(v->status().message()).c_str());
-        return 2;
+    if (*bench_pods) {
+      auto lo = runtime::ParseByteSize(pods_min, "-b");
+      auto hi = runtime::ParseByteSize(pods_max, "-e");
+      auto chunk = runtime::ParseByteSize(pods_chunk, "--chunk");
+      for (const auto* v : {&lo, &hi, &chunk}) {
+        if (!v->ok()) {
+          std::fprintf(stderr, "cxlrt bench pods: %s\n",
+                       std::string(v->status().message()).c_str());
+          return 2;
+        }
       }
+      podsb.min_bytes = *lo;
+      podsb.max_bytes = *hi;
+      podsb.chunk_bytes = *chunk;
+      podsb.json = json;
+      return bench::RunPodsBench(podsb);
     }
-    ceiling.min_bytes = *lo;
-    ceiling.max_bytes = *hi;
-    ceiling.chunk_bytes = *chunk;
-    ceiling.json = json;
-    return bench::RunCeilingProbe(ceiling);
-  }
-  // -b/-e of the GPU benchmarks: false (after saying why) when they do not parse.
-  auto size_range = [](const char* cmd, const std::string& lo_text, const std::string& hi_text,
-                       uint64_t* lo, uint64_t* hi) {
-    auto l = runtime::ParseByteSize(lo_text, "-b");
-    auto h = runtime::ParseByteSize(hi_text, "-e");
-    if (!l.ok() || !h.ok() || *l == 0 || *h < *l) {
-      std::fprintf(stderr, "cxlrt bench %s: bad -b/-e (%s, %s)\n", cmd, lo_text.c_str(),
-                   hi_text.c_str());
-      return false;
+    if (*bench_ceiling) {
+      auto lo = runtime::ParseByteSize(ceiling_min, "-b");
+      auto hi = runtime::ParseByteSize(ceiling_max, "-e");
+      auto chunk = runtime::ParseByteSize(ceiling_chunk, "--chunk");
+      for (const auto* v : {&lo, &hi, &chunk}) {
+        if (!v->ok()) {
+          std::fprintf(stderr, "cxlrt bench ceiling: %s\n",
+                       std::string(v->status().message()).c_str());
+          return 2;
+        }
+      }
+      ceiling.min_bytes = *lo;
+      ceiling.max_bytes = *hi;
+      ceiling.chunk_bytes = *chunk;
+      ceiling.json = json;
+      return bench::RunCeilingProbe(ceiling);
     }
-    *lo = *l;
-    *hi = *h;
-    return true;
+    // -b/-e of the GPU benchmarks: false (after saying why) when they do not parse.
+    auto size_range = [](const char* cmd, const std::string& lo_text, const std::string& hi_text,
+                         uint64_t* lo, uint64_t* hi) {
+      auto l = runtime::ParseByteSize(lo_text, "-b");
+      auto h = runtime::ParseByteSize(hi_text, "-e");
+      if (!l.ok() || !h.ok() || *l == 0 || *h < *l) {
+        std::fprintf(stderr, "cxlrt bench %s: bad -b/-e (%s, %s)\n", cmd, lo_text.c_str(),
+                     hi_text.c_str());
+        return false;
+      }
+      *lo = *l;
+      *hi = *h;
+      return true;
+    };
+    if (*bench_bell) {
+      if (!size_range("doorbell", bell_min, bell_max, &bell.min_bytes, &bell.max_bytes)) return 2;
+      bell.json = json;
+      return bench::RunDoorbellBench(bell);
+    }
+    if (*bench_dma) {
+      if (!size_range("dma", dma_min, dma_max, &dma.min_bytes, &dma.max_bytes)) return 2;
+      dma.json = json;
+      return bench::RunDmaBench(dma);
+    }
+    if (*bench_pool) {
+      if (bench_uri.empty()) bench_uri = "emu://bench-" + std::to_string(getpid()) + "?size=256M";
+      return bench::RunPoolBench({bench_uri, reps, json});
+    }
+    return 2;
   };
-  if (*bench_bell) {
-    if (!size_range("doorbell", bell_min, bell_max, &bell.min_bytes, &bell.max_bytes)) return 2;
-    bell.json = json;
-    return bench::RunDoorbellBench(bell);
-  }
-  if (*bench_dma) {
-    if (!size_range("dma", dma_min, dma_max, &dma.min_bytes, &dma.max_bytes)) return 2;
-    dma.json = json;
-    return bench::RunDmaBench(dma);
-  }
-  if (*bench_pool) {
-    if (bench_uri.empty()) bench_uri = "emu://bench-" + std::to_string(getpid()) + "?size=256M";
-    return bench::RunPoolBench({bench_uri, reps, json});
-  }
-  return 2;
+  if (!*bench) return 2;
+  if (!plotting) return run_bench();
+  std::string what;
+  for (const CLI::App* s : bench->get_subcommands()) what = s->get_name();
+  return tools::BenchWithPlot(what, plot_file, print_json, run_bench);
 }

@@ -59,6 +59,7 @@ CpuFeatures Detect() {
     f.bmi1 = b & (1u << 3);
     f.avx2 = b & (1u << 5);
     f.bmi2 = b & (1u << 8);
+    f.erms = b & (1u << 9);
     f.avx512f = b & (1u << 16);
     f.avx512dq = b & (1u << 17);
     f.clflushopt = b & (1u << 23);

@@ -42,6 +42,9 @@ struct CpuFeatures {
   bool clflushopt = false;
   bool clwb = false;
   bool movdir64b = false;
+  // Enhanced rep movsb (cpuid 7.0 ebx bit 9): a string copy of a few KiB
+  // stores whole lines without reading them for ownership first.
+  bool erms = false;
   // x86-64-v2
   bool sse3 = false;
   bool ssse3 = false;

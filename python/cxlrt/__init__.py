@@ -39,6 +39,7 @@ from ._cxlrt import (
     ResourceExhaustedError,
     devices_available,
     devices_unavailable_reason,
+    process_metrics,
 )
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "DeadlineExceededError", "Error", "FailedPreconditionError", "Host",
     "InvalidArgumentError", "NotFoundError", "Pins", "Pool", "PoolBuffer",
     "ResourceExhaustedError", "Store", "devices_available", "devices_unavailable_reason",
+    "process_metrics",
 ]
 
 # numpy / torch element types -> cxlrt's names.

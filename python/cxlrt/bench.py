@@ -34,7 +34,12 @@ processes (2 and 4 ranks) time init_process_group plus a first all_reduce
 extension), cxlrt beside Gloo, the slowest rank's time, median of a few
 runs (needs torch).
 
-Both print this machine's memcpy bandwidth (numpy copy) so the figures read
+python -m cxlrt.bench nixl: NIXL's CXLRT backend beside its UCX backend,
+the same descriptors in the same run, pool-resident and staged memory,
+with the latency of a small transfer and its notification
+(cxlrt/bench_nixl.py says how; docs/nixl.md has figures).
+
+All print this machine's memcpy bandwidth (numpy copy) so the figures read
 as ratios."""
 
 from __future__ import annotations
@@ -552,7 +557,21 @@ def main(argv=None) -> int:
     st.add_argument("--ranks", default="2,4", help="world sizes")
     st.add_argument("--runs", type=int, default=3)
     st.add_argument("--json", action="store_true")
+    nx = sub.add_parser("nixl", help="NIXL's CXLRT backend beside UCX (same wheel, same "
+                                     "descriptors), pool-resident and staged")
+    nx.add_argument("--block", default="16K,64K,256K,1M,2M", help="block sizes")
+    nx.add_argument("--descs", default="1,16,128,1024", help="descriptors per transfer")
+    nx.add_argument("--max-bytes", default="64M", help="largest transfer (block x descs)")
+    nx.add_argument("--modes", default="pool,staged")
+    nx.add_argument("-r", "--reps", type=int, default=5, help="transfers (the median is shown)")
+    nx.add_argument("--iters", type=int, default=200, help="ping-pongs of the latency test")
+    nx.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    if a.what == "nixl":
+        from .bench_nixl import bench_nixl
+        return bench_nixl([_bytes(b) for b in a.block.split(",")],
+                          [int(n) for n in a.descs.split(",")], _bytes(a.max_bytes), a.reps,
+                          a.iters, a.modes.split(","), a.json)
     if a.what == "startup":
         return bench_startup([int(n) for n in a.ranks.split(",")], a.runs, a.json)
     if a.what == "torchpods":

@@ -42,4 +42,16 @@ mkdir "$work/run2"
 for example in kv_handoff allreduce; do
   "$work/prefix/bin/cxlrt" run -n 2 --timeout 120 -- "$work/cmake/example_$example" >/dev/null
 done
-echo "install_test: find_package, pkg-config, the examples and the CLI work from $work/prefix"
+# Built with MPI: the example across pods, from the installed cxlrt::pods_mpi,
+# on 2 pods x 2 ranks (the MPI stand-in tests say when MPI is missing).
+if [ -e "$work/prefix/include/cxlrt/pods/mpi_communicator.h" ]; then
+  if [ ! -x "$work/cmake/example_pods_allreduce" ]; then
+    echo "install_test: cxlrt::pods_mpi is installed but the example across pods did not build" >&2
+    exit 1
+  fi
+  # Open MPI's exit-time allocations are not ours (tests/CMakeLists.txt,
+  # cxlrt_mpi_test): no leak check for this run in a sanitized build.
+  ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" \
+    "$work/prefix/bin/cxlrt" run --pods 2 -n 4 --timeout 100 -- "$work/cmake/example_pods_allreduce" >/dev/null
+fi
+echo "install_test: find_package, pkg-config, the examples (across pods too where MPI is in) and the CLI work from $work/prefix"

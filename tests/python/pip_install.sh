@@ -64,7 +64,10 @@ with cxlrt.Host(uri, create=True) as host:
     assert store.get("ns", "k") == b"value"
     store.close()
 cxlrt.Pool.destroy(uri, force=True)
-print("installed package OK:", cxlrt.__file__)
+from cxlrt import nixl  # NIXL's CXLRT plugin, in the wheel (docs/nixl.md)
+plugin = nixl.plugin_path()
+assert "site-packages" in plugin and os.path.getsize(plugin) > 0, plugin
+print("installed package OK:", cxlrt.__file__, "with", plugin)
 PY
 
 venv_py="$src/.venv/bin/python"
