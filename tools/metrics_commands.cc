@@ -15,6 +15,7 @@
 #include "cxlrt/metrics/http_exporter.h"
 #include "cxlrt/metrics/pool_metrics.h"
 #include "cxlrt/runtime/pool.h"
+#include "cxlrt/runtime/status_macros.h"
 #include "tools/commands.h"
 
 namespace cxlrt::tools {
@@ -64,8 +65,20 @@ int ServeMetrics(const std::string& uri, const std::string& address, int port, d
       },
       [&]() -> absl::Status {
         std::lock_guard<std::mutex> lock(mu);
-        // Healthy while the pool reads and its header is what Open validated.
-        return (*pool)->Check();
+        // Healthy while the pool reads, its header is what Open validated,
+        // and its URI still opens this pool: a pool destroyed (or made
+        // anew under its name) keeps this mapping alive but is gone.
+        CXLRT_RETURN_IF_ERROR((*pool)->Check());
+        auto again = runtime::Pool::Open(uri);
+        if (!again.ok()) {
+          return absl::UnavailableError(
+              absl::StrCat(uri, " no longer opens: ", again.status().message()));
+        }
+        if ((*again)->header().creation_id != (*pool)->header().creation_id) {
+          return absl::UnavailableError(
+              absl::StrCat(uri, " is now another pool (made anew after this one was destroyed)"));
+        }
+        return absl::OkStatus();
       });
   if (!server.ok()) {
     std::fprintf(stderr, "cxlrt serve-metrics: %s\n",

@@ -27,6 +27,8 @@ const runtime::MetricInfo kBusbw{"collective.busbw_gbs", "GB/s",
                                  "bus_bytes / time (NCCL Inspector's nccl_bus_bandwidth_gbs)."};
 
 const char* KindLabel(int k) {
+  if (k == CommMetrics::kSend) return "send";
+  if (k == CommMetrics::kRecv) return "recv";
   switch (static_cast<CollKind>(k)) {
     case CollKind::kAllReduce:
       return "allreduce";
@@ -103,7 +105,8 @@ int64_t CommMetrics::Now() {
 
 CommMetrics::CommMetrics(std::string name, int rank, int nranks, uint32_t slot)
     : name_(std::move(name)), rank_(rank), nranks_(nranks), slot_(slot) {
-  for (int k = 1; k < kKinds; ++k) bus_factor_[k] = BusFactor(static_cast<CollKind>(k), nranks_);
+  for (int k = 1; k < kSend; ++k) bus_factor_[k] = BusFactor(static_cast<CollKind>(k), nranks_);
+  bus_factor_[kSend] = bus_factor_[kRecv] = 1;
   collector_ = std::make_unique<runtime::MetricsCollector>(
       [this](std::vector<runtime::Sample>* out) { Collect(out); });
 }

@@ -48,9 +48,15 @@ class CommMetrics {
     uint32_t weight = 0;  // 0: not timed
     int64_t start_ns = 0;
   };
+  // Point-to-point calls count beside the collectives, as NCCL's
+  // Inspector counts its send and recv (bus factor 1).
+  static constexpr int kSend = 11, kRecv = 12;
   Probe Begin(collectives::CollKind kind, uint64_t bytes) {
+    return Begin(static_cast<int>(kind), bytes);
+  }
+  Probe Begin(int kind, uint64_t bytes) {
     Probe p;
-    p.kind = static_cast<int>(kind);
+    p.kind = kind;
     p.bucket = SizeBucketOf(bytes);
     p.bytes = bytes;
     // The first `period` calls of a cell are each timed (weight 1), then
@@ -82,7 +88,7 @@ class CommMetrics {
   }
 
  private:
-  static constexpr int kKinds = 11;  // CollKind values 1..10, by value
+  static constexpr int kKinds = 13;  // CollKind values 1..10, by value; kSend, kRecv
   struct Cell {
     std::atomic<uint64_t> calls{0}, bytes{0};
     // Of the timed calls, each times its weight: estimates of every call's.

@@ -93,6 +93,7 @@ absl::Status Communicator::Impl::Send(const void* buf, size_t count, DataType ty
                                                  " of ", name_, ": ", s.message()))));
   };
   const size_t bytes = count * SizeOf(type), chunk = P2pChunkFor(bytes);
+  const auto probe = metrics_->Begin(collectives_internal::CommMetrics::kSend, bytes);
   const auto* in = static_cast<const uint8_t*>(buf);
   const PoolOffset consumed = P2pConsumedAt(rank_, peer);
   std::deque<InFlight> copying;
@@ -131,7 +132,9 @@ absl::Status Communicator::Impl::Send(const void* buf, size_t count, DataType ty
   }
   // Send returns once its last chunk is in the pool.
   if (absl::Status p = publish(/*wait=*/true); !p.ok()) return failed(p);
-  return EndOnStream(engine, stream);
+  absl::Status s = EndOnStream(engine, stream);
+  if (s.ok()) metrics_->End(probe);
+  return s;
 }
 
 absl::Status Communicator::Impl::Recv(void* buf, size_t count, DataType type, int peer,
@@ -156,6 +159,7 @@ absl::Status Communicator::Impl::Recv(void* buf, size_t count, DataType type, in
                                                  " of ", name_, ": ", s.message()))));
   };
   const size_t bytes = count * SizeOf(type), chunk = P2pChunkFor(bytes);
+  const auto probe = metrics_->Begin(collectives_internal::CommMetrics::kRecv, bytes);
   auto* out = static_cast<uint8_t*>(buf);
   const PoolOffset consumed = P2pConsumedAt(peer, rank_);
   std::deque<InFlight> reading;
@@ -200,7 +204,9 @@ absl::Status Communicator::Impl::Recv(void* buf, size_t count, DataType type, in
     if (absl::Status r = release(/*wait=*/false); !r.ok()) return failed(r);
   }
   if (absl::Status r = release(/*wait=*/true); !r.ok()) return failed(r);
-  return EndOnStream(engine, stream);
+  absl::Status s = EndOnStream(engine, stream);
+  if (s.ok()) metrics_->End(probe);
+  return s;
 }
 
 }  // namespace cxlrt::collectives

@@ -32,6 +32,17 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   s->health_ = std::move(health);
   s->server_ = std::make_unique<httplib::Server>();
   MetricsHttpServer* self = s.get();
+  // GET (and HEAD) only: any other method is told so (405 with Allow), not
+  // left to a default answer.
+  s->server_->set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (req.method == "GET" || req.method == "HEAD")
+      return httplib::Server::HandlerResponse::Unhandled;
+    res.status = 405;
+    res.set_header("Allow", "GET, HEAD");
+    res.set_content(absl::StrCat(req.method, " is not served here: GET /metrics or /health\n"),
+                    "text/plain");
+    return httplib::Server::HandlerResponse::Handled;
+  });
   s->server_->Get("/metrics", [self](const httplib::Request&, httplib::Response& res) {
     std::lock_guard<std::mutex> lock(self->mu_);
     absl::StatusOr<std::string> text = self->metrics_();

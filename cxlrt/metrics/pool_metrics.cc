@@ -163,6 +163,8 @@ absl::StatusOr<std::vector<Sample>> DecodeSamples(const std::string& blob) {
     CXLRT_ASSIGN_OR_RETURN(uint16_t unit_len, c.Int<uint16_t>("a sample"));
     CXLRT_ASSIGN_OR_RETURN(uint16_t help_len, c.Int<uint16_t>("a sample"));
     CXLRT_ASSIGN_OR_RETURN(s.name, c.Text(name_len, "a name"));
+    if (s.name.empty())
+      return absl::DataLossError(absl::StrCat("metrics sample ", k, " has no name"));
     CXLRT_ASSIGN_OR_RETURN(s.unit, c.Text(unit_len, "a unit"));
     if (help_len == kSameHelp) {
       if (out.empty() || out.back().name != s.name) {
@@ -179,6 +181,10 @@ absl::StatusOr<std::vector<Sample>> DecodeSamples(const std::string& blob) {
       Label l;
       CXLRT_ASSIGN_OR_RETURN(l.name, c.Text(kl, "a label"));
       CXLRT_ASSIGN_OR_RETURN(l.value, c.Text(vl, "a label"));
+      if (l.name.empty()) {
+        return absl::DataLossError(
+            absl::StrCat("metrics sample ", k, " (", s.name, ") has a label without a name"));
+      }
       s.labels.push_back(std::move(l));
     }
     switch (s.type) {
@@ -202,6 +208,18 @@ absl::StatusOr<std::vector<Sample>> DecodeSamples(const std::string& blob) {
                 absl::StrCat("metrics histogram ", s.name, " names bucket ", idx));
           }
           s.hist.buckets[idx] = v;
+        }
+        // A writer counts an observation's bucket before its count
+        // (runtime::Histogram), so a consistent snapshot never has more
+        // in its buckets than its count.
+        uint64_t in_buckets = 0;
+        for (uint64_t b : s.hist.buckets) in_buckets += b;
+        if (in_buckets > s.hist.count) {
+          return absl::DataLossError(absl::StrCat("metrics histogram ", s.name, " holds ",
+                                                  in_buckets,
+                                                  " observations in its buckets but "
+                                                  "counts ",
+                                                  s.hist.count));
         }
         break;
       }
@@ -296,6 +314,12 @@ absl::Status MetricsPublisher::PublishNow() {
   if (blob.size() > area_size_) {
     uint64_t size = kMinArea;
     while (size < blob.size() + blob.size() / 2) size *= 2;
+    size = std::min(size, kMaxMetricsArea);
+    if (blob.size() > size) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("this process's metrics encode to ", blob.size(), " bytes, more than the ",
+                       kMaxMetricsArea, " a host's metrics area may hold: not published"));
+    }
     CXLRT_ASSIGN_OR_RETURN(PoolOffset area, alloc_.Allocate(size));
     old_area = area_;
     area_ = area;
@@ -421,19 +445,21 @@ absl::StatusOr<PoolMetrics> PoolMetricsReader::Read(absl::Duration observe) {
           break;
         }
         // Bounds before use: a corrupt record never reads outside the pool.
-        if (rec.area < pool_.header().heap_offset || rec.area_size > pool_.size() ||
+        if (rec.area < pool_.header().heap_offset || rec.area_size > kMaxMetricsArea ||
             rec.area > pool_.size() - rec.area_size || rec.blob_size > rec.area_size) {
-          h.problem =
-              absl::StrCat("its record names area [0x", absl::Hex(rec.area), ", +", rec.area_size,
-                           ") holding ", rec.blob_size, " bytes: outside the heap");
+          h.problem = absl::StrCat(
+              "its record names area [0x", absl::Hex(rec.area), ", +", rec.area_size, ") holding ",
+              rec.blob_size, " bytes: outside the heap, or larger than a metrics area may be");
           break;
         }
         std::string blob(rec.blob_size, '\0');
         c.Fetch(blob.data(), rec.area, blob.size());
         if (c.LoadFlag(rec_off) != v1) continue;  // rewritten meanwhile
         if (runtime::Crc32c(blob.data(), blob.size()) != rec.blob_crc) {
+          // The version stood still over the read (above): corrupt, and
+          // rereading will not mend it.
           h.problem = "its area's checksum is wrong";
-          continue;
+          break;
         }
         auto samples = DecodeSamples(blob);
         if (!samples.ok()) {

@@ -40,6 +40,10 @@ using runtime::PoolOffset;
 
 inline constexpr char kMetricsBlockName[] = "cxlrt.metrics";
 inline constexpr size_t kMetricsSlotStride = 128;
+// The largest area a host publishes (its samples encoded): a reader
+// refuses a record naming a larger one, so that a corrupt record cannot
+// make it allocate and read up to the pool's size.
+inline constexpr uint64_t kMaxMetricsArea = uint64_t{16} << 20;
 
 // One host's record (one cache line; 128 B apart from the next host's).
 struct MetricsSlotLayout {

@@ -136,12 +136,14 @@ Histogram::~Histogram() {
 Histogram::Snapshot Histogram::Read() const {
   Snapshot out;
   for (const Shard& s : shards_) {
-    out.count += s.count.load(std::memory_order_relaxed);
     out.sum += s.sum.load(std::memory_order_relaxed);
     for (size_t i = 0; i < kBuckets; ++i) {
       out.buckets[i] += s.buckets[i].load(std::memory_order_relaxed);
     }
   }
+  // The count from the very loads of the buckets: a Record racing this
+  // read is in both or in neither.
+  for (uint64_t b : out.buckets) out.count += b;
   return out;
 }
 

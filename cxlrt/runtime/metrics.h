@@ -109,15 +109,17 @@ class Counter {
   std::array<metrics_internal::Shard, metrics_internal::kShards> shards_;
 };
 
-// A distribution in powers of two: bucket 0 counts the value 0, bucket i
-// (1 <= i <= 64) the values in [2^(i-1), 2^i). Also the count and the sum.
+// A distribution in powers of two: bucket 0 counts the values 0 and 1,
+// bucket i (1 <= i <= 64) the values in (2^(i-1), 2^i]: upper bounds
+// inclusive, as Prometheus's `le`, so the exposition's bounds are exact.
+// Also the sum; the count is the buckets' sum.
 class Histogram {
  public:
   static constexpr size_t kBuckets = 65;
-  // The largest value bucket `i` counts (0, 1, 3, 7, ..., 2^64 - 1).
-  static uint64_t BucketMax(size_t i) { return i == 0 ? 0 : ~uint64_t{0} >> (64 - i); }
+  // The largest value bucket `i` counts (1, 2, 4, ..., 2^63, 2^64 - 1).
+  static uint64_t BucketMax(size_t i) { return i >= 64 ? ~uint64_t{0} : uint64_t{1} << i; }
   static size_t BucketOf(uint64_t v) {
-    return v == 0 ? 0 : 64 - static_cast<size_t>(__builtin_clzll(v));
+    return v <= 1 ? 0 : 64 - static_cast<size_t>(__builtin_clzll(v - 1));
   }
 
   explicit Histogram(const MetricInfo& info, Labels labels = {},
@@ -131,7 +133,6 @@ class Histogram {
   void Record(uint64_t v, uint64_t weight = 1) {
     const metrics_internal::ThreadShard& t = metrics_internal::ThisThreadShard();
     Shard& s = shards_[t.index];
-    metrics_internal::AddTo(s.count, weight, t.exclusive);
     metrics_internal::AddTo(s.sum, v * weight, t.exclusive);
     metrics_internal::AddTo(s.buckets[BucketOf(v)], weight, t.exclusive);
   }
@@ -139,7 +140,7 @@ class Histogram {
   const Labels& labels() const { return labels_; }
 
   struct Snapshot {
-    uint64_t count = 0;
+    uint64_t count = 0;  // the buckets' sum: never less than a bucket (Prometheus's +Inf)
     uint64_t sum = 0;
     std::array<uint64_t, kBuckets> buckets{};
   };
@@ -148,7 +149,6 @@ class Histogram {
  private:
   // About 540 B a shard: a histogram costs 8.6 KiB.
   struct alignas(64) Shard {
-    std::atomic<uint64_t> count{0};
     std::atomic<uint64_t> sum{0};
     std::array<std::atomic<uint64_t>, kBuckets> buckets{};
   };

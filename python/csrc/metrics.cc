@@ -45,7 +45,7 @@ py::dict SampleDict(const runtime::Sample& s) {
     case runtime::MetricType::kHistogram: {
       d["count"] = s.hist.count;
       d["sum"] = static_cast<double>(s.hist.sum) / div;
-      // Upper bound (exclusive, in the exposed unit) -> count in the bucket.
+      // Upper bound (inclusive, as Prometheus's le, in the exposed unit) -> count in the bucket.
       py::list buckets;
       for (size_t i = 0; i < s.hist.buckets.size(); ++i) {
         if (s.hist.buckets[i] == 0) continue;

@@ -395,9 +395,20 @@ class Store:
         return self._s.get_into(ns, _key(key), _raw(out, writable=True))
 
     def get(self, ns: str, key) -> bytes:
-        out = bytearray(self._s.value_size(ns, _key(key)))
-        n = self._s.get_into(ns, _key(key), out)
-        return bytes(out[:n])
+        """The value; NotFoundError when the key is not there (counted as a
+        miss, as get_into counts it)."""
+        k = _key(key)
+        for _ in range(8):
+            try:
+                out = bytearray(self._s.value_size(ns, k))
+            except NotFoundError:
+                out = bytearray(0)  # get_into counts the miss and raises it
+            try:
+                n = self._s.get_into(ns, k, out)
+            except InvalidArgumentError:
+                continue  # put again, larger, between the two calls: ask again
+            return bytes(out[:n])
+        raise AbortedError(f"the value of key {key!r} changed size under 8 reads in a row")
 
     def contains(self, ns: str, key) -> bool:
         return self._s.contains(ns, _key(key))

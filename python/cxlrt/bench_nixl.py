@@ -1,9 +1,10 @@
 """python -m cxlrt.bench nixl: NIXL's CXLRT backend beside its UCX backend.
 
 Two NIXL agents, each in a process on its own emulated host of one pool:
-a pair with the CXLRT backend, then a pair with the UCX backend of the
-same wheel (one backend per agent, so that neither's threads take the
-other's cores). The initiator READs n
+a pair with the CXLRT backend, then pairs with the UCX backend of the
+same wheel, once with the transports UCX picks on one machine and once
+limited to TCP (PEERS says why both); one backend per agent, so that
+neither's threads take the other's cores. The initiator READs n
 descriptors of a block size from the target (as vLLM's decode side pulls
 KV blocks), the same descriptors through CXLRT and through UCX, in the
 same run. The remote descriptors are in reverse order, so NIXL cannot
@@ -14,7 +15,7 @@ merge them into one. Two memory modes:
 - staged: plain process memory (numpy, like vLLM's CPU tensors): CXLRT
   stages it through pool bounce buffers, two copies, pipelined.
 
-Per row: GB/s of each backend (median of --reps transfers after one
+Per row: GB/s of each pair (median of --reps transfers after one
 warm-up), CXLRT/UCX, and CXLRT against a memcpy of the same bytes in the
 initiator's process measured in the same run (pool: cxlrt GB/s over
 memcpy GB/s; staged: CXLRT's time over two memcpys' time). Then the
@@ -36,7 +37,16 @@ from typing import Dict, List, Optional
 import numpy as np
 
 MP = mp.get_context("spawn")
-BACKENDS = ["CXLRT", "UCX"]
+# The agent pairs measured, each a (label, NIXL backend, environment):
+# CXLRT; UCX as it picks its transports on one machine (shared memory and
+# cross-memory attach, process_vm_readv: one kernel copy, and reachable
+# only between processes of one kernel); and UCX limited to TCP, what it
+# uses between hosts without RDMA (here over loopback). Hosts that share a
+# CXL pool share no kernel, so the first UCX row is a bound no transport
+# between hosts reaches; the second is the network path the pool replaces
+# where no RDMA NIC is fitted. (An RDMA NIC is not here to measure.)
+PEERS = [("CXLRT", "CXLRT", {}), ("UCX", "UCX", {}),
+         ("UCX-tcp", "UCX", {"UCX_TLS": "tcp,self"})]
 
 
 def _agent(conn, name: str, host_id: int, env: Dict[str, str], backend: str) -> None:
@@ -108,7 +118,7 @@ def _run(agent, handle) -> float:
     return time.perf_counter() - t
 
 
-def _sweep(agent, buf, remote: int, peer, rows, reps: int, backend: str) -> List[dict]:
+def _sweep(agent, buf, remote: int, peer, rows, reps: int, label: str) -> List[dict]:
     out = []
     scratch = np.empty_like(buf)
     scratch[:] = 3
@@ -120,7 +130,7 @@ def _sweep(agent, buf, remote: int, peer, rows, reps: int, backend: str) -> List
         _run(agent, h)
         times = [_run(agent, h) for _ in range(reps)]
         agent.release_xfer_handle(h)
-        r[f"{backend.lower()}_s"] = statistics.median(times)
+        r[f"{label.lower()}_s"] = statistics.median(times)
         times = []
         for _ in range(reps + 1):
             t = time.perf_counter()
@@ -224,12 +234,12 @@ def bench_nixl(blocks: List[int], descs: List[int], max_bytes: int, reps: int, i
     try:
         # A pair of agents per backend, one backend each: no other backend's
         # threads (UCX's progress thread polls without pause) share the cores.
-        for backend in BACKENDS:
+        for label, backend, peer_env in PEERS:
             agents = []
             try:
-                target = _Agent(f"bench-target-{backend}", 1, env, backend)
+                target = _Agent(f"bench-target-{label}", 1, {**env, **peer_env}, backend)
                 agents.append(target)
-                init = _Agent(f"bench-initiator-{backend}", 0, env, backend)
+                init = _Agent(f"bench-initiator-{label}", 0, {**env, **peer_env}, backend)
                 agents.append(init)
                 for mode in modes:
                     for a in (target, init):
@@ -238,7 +248,7 @@ def bench_nixl(blocks: List[int], descs: List[int], max_bytes: int, reps: int, i
                     target.call("load", init.call("metadata"))
                     init.call("set_remote", target.call("base"))
                     target.call("set_remote", init.call("base"))
-                    sweep = init.call("sweep", rows, reps, backend)
+                    sweep = init.call("sweep", rows, reps, label)
                     m = modes_out[mode]
                     if m["rows"] is None:
                         m["rows"] = sweep
@@ -249,7 +259,7 @@ def bench_nixl(blocks: List[int], descs: List[int], max_bytes: int, reps: int, i
                     target.send("pingpong", iters, False)
                     rtts = init.call("pingpong", iters, True)
                     target.recv()
-                    m["latency_s"][backend] = statistics.median(rtts) / 2
+                    m["latency_s"][label] = statistics.median(rtts) / 2
             finally:
                 for a in agents:
                     a.close()
@@ -266,7 +276,9 @@ def bench_nixl(blocks: List[int], descs: List[int], max_bytes: int, reps: int, i
 
 def _print(results, reps, iters, skipped) -> None:
     gb = 1e9
-    print(f"# NIXL READ, CXLRT beside UCX (one wheel, same descriptors, remote ones reversed); "
+    print(f"# NIXL READ, CXLRT beside UCX (one wheel, same descriptors, remote ones reversed; "
+          f"ucx: UCX's own choice on one machine, shared memory and cross-memory attach; "
+          f"ucx-tcp: UCX_TLS=tcp,self, its path between hosts without RDMA); "
           f"GB/s medians of {reps}; this machine's memcpy (numpy, 64 MiB): "
           f"{results['memcpy_gbps']:.2f} GB/s")
     for mode, m in results["modes"].items():
@@ -274,20 +286,22 @@ def _print(results, reps, iters, skipped) -> None:
                  else "cxlrt/(2 memcpy) (time)")
         print(f"\n## {mode}: " + ("both buffers in the pool (zero-copy)" if mode == "pool" else
                                  "private memory on both sides (staged, two copies)"))
-        print("%9s %6s %10s %10s %10s %10s %s" % ("block", "descs", "bytes", "cxlrt", "ucx",
-                                                  "cxlrt/ucx", extra))
+        print("%9s %6s %10s %10s %10s %10s %10s %10s %s" % (
+            "block", "descs", "bytes", "cxlrt", "ucx", "ucx-tcp", "cxlrt/ucx", "cxlrt/tcp",
+            extra))
         for r in m["rows"]:
             c = r["bytes"] / r["cxlrt_s"] / gb
             u = r["bytes"] / r["ucx_s"] / gb
+            t = r["bytes"] / r["ucx-tcp_s"] / gb
             if mode == "pool":
                 vs = r["memcpy_s"] / r["cxlrt_s"]
             else:
                 vs = r["cxlrt_s"] / (2 * r["memcpy_s"])
-            print("%9s %6d %10d %10.2f %10.2f %10.2f %8.2f" % (_fmt(r["block"]), r["descs"],
-                                                              r["bytes"], c, u, c / u, vs))
+            print("%9s %6d %10d %10.2f %10.2f %10.2f %10.2f %10.2f %8.2f" % (
+                _fmt(r["block"]), r["descs"], r["bytes"], c, u, t, c / u, c / t, vs))
         lat = m["latency_s"]
         print(f"4 KiB WRITE + notification, one way (half a ping-pong, median of {iters}): "
-              + ", ".join(f"{b} {lat[b] * 1e6:.1f} us" for b in BACKENDS))
+              + ", ".join(f"{label} {lat[label] * 1e6:.1f} us" for label, _, _ in PEERS))
     if skipped:
         print("\n(skipped, over --max-bytes: "
               + ", ".join(f"{_fmt(b)}x{n}" for b, n in skipped) + ")")

@@ -6,6 +6,7 @@ this process's own; as dicts and as Prometheus text. Run by ctest
 import os
 import socket
 import time
+import urllib.error
 import urllib.request
 import uuid
 
@@ -49,8 +50,9 @@ def test_pool_metrics_see_a_hosts_kv_work(uri):
         store.put("py", b"b", b"y" * 28)
         assert store.get("py", b"a") == b"x" * 100
         with pytest.raises(cxlrt.NotFoundError):
-            # get_into counts the miss (get's value_size before it does not).
             store.get_into("py", b"missing", bytearray(8))
+        with pytest.raises(cxlrt.NotFoundError):
+            store.get("py", b"missing too")  # a miss too
         slot = str(host.slot)
 
         # Served by this process (CXLRT_METRICS_PORT), as Prometheus reads it.
@@ -60,6 +62,11 @@ def test_pool_metrics_see_a_hosts_kv_work(uri):
         assert f'cxlrt_kv_hits_total{{slot="{slot}",namespace="py"}} 1\n' in served, served
         with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health", timeout=5) as r:
             assert r.read() == b"ok\n"
+        # Any method but GET and HEAD is refused, saying so.
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(urllib.request.Request(
+                f"http://127.0.0.1:{PORT}/metrics", data=b"x", method="POST"), timeout=5)
+        assert e.value.code == 405 and e.value.headers["Allow"] == "GET, HEAD"
 
         mine = cxlrt.process_metrics()
         hits = samples(mine, "cxlrt_kv_hits_total", namespace="py", slot=slot)
@@ -74,15 +81,15 @@ def test_pool_metrics_see_a_hosts_kv_work(uri):
             got = samples(d, "cxlrt_kv_get_bytes_total", namespace="py", host=slot)
             missed = samples(d, "cxlrt_kv_misses_total", namespace="py", host=slot)
             # The last publish may have been between the hit and the miss.
-            if got and got[0]["value"] == 100 and missed and missed[0]["value"] == 1:
+            if got and got[0]["value"] == 100 and missed and missed[0]["value"] == 2:
                 break
             time.sleep(0.05)
         assert got and got[0]["value"] == 100, got
-        assert samples(d, "cxlrt_kv_misses_total", namespace="py", host=slot)[0]["value"] == 1
+        assert samples(d, "cxlrt_kv_misses_total", namespace="py", host=slot)[0]["value"] == 2
         [h] = [h for h in d["hosts"] if str(h["slot"]) == slot]
         assert h["alive"] and h["published"] and h["lease_margin_s"] > 0, h
         lat = samples(d, "cxlrt_kv_get_latency_seconds", namespace="py", host=slot)[0]
-        assert lat["type"] == "histogram" and lat["count"] == 2, lat
+        assert lat["type"] == "histogram" and lat["count"] == 3, lat  # a hit, two misses
 
         text = pool.metrics(format="text")
         assert f'cxlrt_kv_hits_total{{host="{slot}",namespace="py"}} 1\n' in text, text

@@ -135,6 +135,11 @@ TEST_P(LayerMetricsTest, CollectiveCountersMoveWithCallsPerSizeBucket) {
         errors[r] = (*comm)->AllGather(a.data(), b.data(), 16, collectives::DataType::kFloat32);
       }
       if (errors[r].ok()) errors[r] = (*comm)->Barrier();
+      // A send from rank 0 to rank 1 of 100 floats, counted on each side.
+      if (errors[r].ok()) {
+        errors[r] = r == 0 ? (*comm)->Send(a.data(), 100, collectives::DataType::kFloat32, 1)
+                           : (*comm)->Recv(b.data(), 100, collectives::DataType::kFloat32, 0);
+      }
       const runtime::Labels small = {{"slot", absl::StrCat(hosts[r]->alloc->slot())},
                                      {"communicator", "mc"},
                                      {"rank", absl::StrCat(r)},
@@ -166,6 +171,14 @@ TEST_P(LayerMetricsTest, CollectiveCountersMoveWithCallsPerSizeBucket) {
       bar[3].value = "barrier";
       if (errors[r].ok() && CounterOf("collective.calls", bar) < 1) {
         errors[r] = absl::InternalError("barrier calls");
+      }
+      runtime::Labels p2p = small;
+      p2p[3].value = r == 0 ? "send" : "recv";
+      p2p[4].value = "1KiB";
+      if (errors[r].ok() &&
+          (CounterOf("collective.calls", p2p) != 1 || CounterOf("collective.bytes", p2p) != 400)) {
+        errors[r] =
+            absl::InternalError(absl::StrCat("rank ", r, "'s ", p2p[3].value, " calls or bytes"));
       }
     });
   }

@@ -65,8 +65,10 @@ TEST(EncodingTest, EveryTruncationAndABadCountAreDataLoss) {
   in.push_back(runtime::CounterSample({"a.b", "calls", "help"}, {{"k", "v"}}, 7));
   runtime::Histogram::Snapshot h;
   h.buckets[3] = 1;
+  h.count = 1;
   in.push_back(runtime::HistogramSample({"h", "ns", "help"}, {}, h));
   const std::string blob = EncodeSamples(in);
+  ASSERT_TRUE(DecodeSamples(blob).ok());
   for (size_t n = 0; n < blob.size(); ++n) {
     auto out = DecodeSamples(blob.substr(0, n));
     ASSERT_FALSE(out.ok()) << n;
@@ -76,6 +78,16 @@ TEST(EncodingTest, EveryTruncationAndABadCountAreDataLoss) {
   bad[8] = '\x7f';  // sample count
   EXPECT_EQ(DecodeSamples(bad).status().code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(DecodeSamples(blob + "x").status().code(), absl::StatusCode::kDataLoss);
+  // A histogram counting fewer observations than its buckets hold, a
+  // sample without a name, a label without one.
+  in.back().hist.count = 0;
+  EXPECT_EQ(DecodeSamples(EncodeSamples(in)).status().code(), absl::StatusCode::kDataLoss);
+  in.back().hist.count = 1;
+  in.back().name.clear();
+  EXPECT_EQ(DecodeSamples(EncodeSamples(in)).status().code(), absl::StatusCode::kDataLoss);
+  in.back().name = "h";
+  in.front().labels[0].name.clear();
+  EXPECT_EQ(DecodeSamples(EncodeSamples(in)).status().code(), absl::StatusCode::kDataLoss);
 }
 
 class PoolMetricsTest : public ::testing::TestWithParam<const char*> {
@@ -226,6 +238,30 @@ TEST_P(PoolMetricsTest, ACorruptRecordIsReportedAndItsAreaNotRead) {
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_FALSE(m->hosts[0].published);
   EXPECT_TRUE(absl::StrContains(m->hosts[0].problem, "outside")) << m->hosts[0].problem;
+  // An area inside the pool but larger than any host publishes: refused
+  // before the reader allocates for it.
+  MetricsSlotLayout big = r;
+  big.area = h0->pool->header().heap_offset;
+  big.area_size = kMaxMetricsArea + 4096;
+  big.blob_size = big.area_size;
+  big.checksum = MetricsSlotChecksum(big);
+  h0->pool->coherence().Publish(rec, &big, sizeof(big));
+  m = reader.Read();
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_FALSE(m->hosts[0].published);
+  EXPECT_TRUE(absl::StrContains(m->hosts[0].problem, "larger than")) << m->hosts[0].problem;
+  // A record that is right over an area whose bytes are not: one read, the
+  // corruption reported (not retried as if a writer were busy).
+  ASSERT_TRUE(p.PublishNow().ok());
+  h0->pool->coherence().Fetch(&r, rec, sizeof(r));
+  uint8_t byte;
+  h0->pool->coherence().Fetch(&byte, r.area, 1);
+  byte ^= 0xff;
+  h0->pool->coherence().Publish(r.area, &byte, 1);
+  m = reader.Read();
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_FALSE(m->hosts[0].published);
+  EXPECT_TRUE(absl::StrContains(m->hosts[0].problem, "area's checksum")) << m->hosts[0].problem;
   // The next publish repairs it.
   ASSERT_TRUE(p.PublishNow().ok());
   m = reader.Read();

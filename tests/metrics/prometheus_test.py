@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -105,6 +106,23 @@ def main():
         bad = [q for q, v in EXPECTED.items() if got.get(q) != v]
         for q, v in EXPECTED.items():
             print(f"{'ok ' if q not in bad else 'BAD'} {q} = {got.get(q)} (expected {v})")
+        # /health: ok while the pool is there; 503 once it was destroyed
+        # (the exporter's mapping outlives the pool's name).
+        health = f"http://127.0.0.1:{eport}/health"
+        with urllib.request.urlopen(health, timeout=5) as r:
+            print(f"/health with the pool there: {r.status} {r.read().decode().strip()}")
+        open(done, "w").close()
+        procs[0].wait(timeout=20)
+        subprocess.run([cxlrt, "pool", "destroy", f"emu://prom{os.getpid()}?dir={tmp}", "--force"],
+                       check=True)
+        try:
+            urllib.request.urlopen(health, timeout=5)
+            print("BAD /health answered ok after the pool was destroyed")
+            bad.append("/health")
+        except urllib.error.HTTPError as e:
+            print(f"/health after the pool was destroyed: {e.code} {e.read().decode().strip()}")
+            if e.code != 503:
+                bad.append("/health")
         return 1 if bad else 0
     finally:
         open(os.path.join(tmp, "done"), "w").close()

@@ -62,27 +62,29 @@ TEST(MetricsTest, CountsAddUpAcrossThreads) {
   EXPECT_EQ(in_buckets, s.count);
 }
 
-TEST(MetricsTest, HistogramBucketsArePowersOfTwo) {
+TEST(MetricsTest, HistogramBucketsArePowersOfTwoWithInclusiveUpperBounds) {
   EXPECT_EQ(Histogram::BucketOf(0), 0u);
-  EXPECT_EQ(Histogram::BucketOf(1), 1u);
-  EXPECT_EQ(Histogram::BucketOf(2), 2u);
+  EXPECT_EQ(Histogram::BucketOf(1), 0u);
+  EXPECT_EQ(Histogram::BucketOf(2), 1u);
   EXPECT_EQ(Histogram::BucketOf(3), 2u);
-  EXPECT_EQ(Histogram::BucketOf(4), 3u);
+  EXPECT_EQ(Histogram::BucketOf(4), 2u);
+  EXPECT_EQ(Histogram::BucketOf(5), 3u);
   EXPECT_EQ(Histogram::BucketOf(~uint64_t{0}), 64u);
+  EXPECT_EQ(Histogram::BucketMax(0), 1u);
+  EXPECT_EQ(Histogram::BucketMax(10), 1024u);
   for (size_t i = 1; i < Histogram::kBuckets; ++i) {
     EXPECT_EQ(Histogram::BucketOf(Histogram::BucketMax(i)), i);
     EXPECT_EQ(Histogram::BucketOf(Histogram::BucketMax(i - 1) + 1), i);
   }
   Histogram h({"test.buckets", "bytes", "sizes"});
-  for (uint64_t v : {0, 1, 5, 6, 7, 8, 1000}) h.Record(v);
+  for (uint64_t v : {0, 1, 5, 6, 7, 8, 1000, 1024, 1025}) h.Record(v);
   const Histogram::Snapshot s = h.Read();
-  EXPECT_EQ(s.buckets[0], 1u);   // 0
-  EXPECT_EQ(s.buckets[1], 1u);   // 1
-  EXPECT_EQ(s.buckets[3], 3u);   // 5, 6, 7 in [4, 8)
-  EXPECT_EQ(s.buckets[4], 1u);   // 8 in [8, 16)
-  EXPECT_EQ(s.buckets[10], 1u);  // 1000 in [512, 1024)
-  EXPECT_EQ(s.count, 7u);
-  EXPECT_EQ(s.sum, 1027u);
+  EXPECT_EQ(s.buckets[0], 2u);   // 0, 1
+  EXPECT_EQ(s.buckets[3], 4u);   // 5, 6, 7, 8 in (4, 8]
+  EXPECT_EQ(s.buckets[10], 2u);  // 1000, 1024 in (512, 1024]: le="1024" holds 1024
+  EXPECT_EQ(s.buckets[11], 1u);  // 1025
+  EXPECT_EQ(s.count, 9u);
+  EXPECT_EQ(s.sum, 3076u);
 }
 
 const Sample* FindSample(const std::vector<Sample>& all, std::string_view name,
@@ -159,10 +161,11 @@ TEST(MetricsTest, PrometheusTextNamesUnitsBucketsAndEscapes) {
   in.push_back(CounterSample({"collective.time", "ns", "Time."}, {}, 2500000000));
   in.push_back(GaugeSample({"kv.stored_bytes", "bytes", "Bytes."}, {}, 12));
   Histogram::Snapshot h;
-  h.buckets[Histogram::BucketOf(100)] = 2;   // 100 ns: below 256 ns
-  h.buckets[Histogram::BucketOf(3000)] = 1;  // 3 us: below 4096 ns
-  h.count = 3;
-  h.sum = 3200;
+  h.buckets[Histogram::BucketOf(100)] = 2;    // 100 ns: at most 256 ns
+  h.buckets[Histogram::BucketOf(3000)] = 1;   // 3 us: at most 4096 ns
+  h.buckets[Histogram::BucketOf(16384)] = 1;  // exactly 16384 ns: in le="1.6384e-05"
+  h.count = 4;
+  h.sum = 19584;
   in.push_back(HistogramSample({"kv.get_latency", "ns", "Get."}, {{"namespace", "d"}}, h));
   const std::string t = PrometheusText(in);
   EXPECT_TRUE(absl::StrContains(t, "# TYPE cxlrt_kv_hits_total counter\n")) << t;
@@ -183,12 +186,17 @@ TEST(MetricsTest, PrometheusTextNamesUnitsBucketsAndEscapes) {
   EXPECT_TRUE(absl::StrContains(
       t, "cxlrt_kv_get_latency_seconds_bucket{namespace=\"d\",le=\"4.096e-06\"} 3\n"))
       << t;
+  // le is inclusive: 16384 ns is in le="1.6384e-05", not only in the next.
+  EXPECT_TRUE(absl::StrContains(
+      t, "cxlrt_kv_get_latency_seconds_bucket{namespace=\"d\",le=\"1.6384e-05\"} 4\n"))
+      << t;
   EXPECT_TRUE(
-      absl::StrContains(t, "cxlrt_kv_get_latency_seconds_bucket{namespace=\"d\",le=\"+Inf\"} 3\n"))
+      absl::StrContains(t, "cxlrt_kv_get_latency_seconds_bucket{namespace=\"d\",le=\"+Inf\"} 4\n"))
       << t;
-  EXPECT_TRUE(absl::StrContains(t, "cxlrt_kv_get_latency_seconds_sum{namespace=\"d\"} 3.2e-06\n"))
+  EXPECT_TRUE(
+      absl::StrContains(t, "cxlrt_kv_get_latency_seconds_sum{namespace=\"d\"} 1.9584e-05\n"))
       << t;
-  EXPECT_TRUE(absl::StrContains(t, "cxlrt_kv_get_latency_seconds_count{namespace=\"d\"} 3\n")) << t;
+  EXPECT_TRUE(absl::StrContains(t, "cxlrt_kv_get_latency_seconds_count{namespace=\"d\"} 4\n")) << t;
 }
 
 // Label values are any bytes (a namespace named by a caller, another host's

@@ -184,16 +184,20 @@ def test_peer_killed_mid_transfer_fails_within_the_lease(agents):
     b.alloc("buf", size, False, 9)
     connect(a, b)
     remote = b.descs("buf", 16, size // 16)
-    os.kill(b.proc.pid, signal.SIGSTOP)  # b serves nothing more
+    os.kill(b.proc.pid, signal.SIGSTOP)  # b serves nothing more, nor beats
+    t0 = time.monotonic()
     hid = a.start("READ", "buf", 16, size // 16, b.name, remote, b"")
     assert a.check(hid) == "PROC"
     os.kill(b.proc.pid, signal.SIGKILL)
-    t0 = time.monotonic()
     state, _ = a.wait(hid, 20.0)
+    took = time.monotonic() - t0
     assert state.startswith("ERR")
     assert "RemoteDisconnect" in state or state == "ERR"
-    # Dead after its lease and a quarter, seen within a few liveness checks.
-    assert time.monotonic() - t0 < 4 * LEASE_MS / 1000 + 1.0
+    # Dead once its heartbeat stood still for its lease and a quarter (the
+    # earliest a silent host can be called dead without racing its own
+    # renewal: docs/membership.md), seen by a liveness check of every 10 ms;
+    # 0.5 s more for a loaded 2-core machine's scheduling.
+    assert took < 1.25 * LEASE_MS / 1000 + 0.5, f"the error came {took:.2f} s after b stopped"
     a.release(hid)
     with pytest.raises(RuntimeError):
         a.xfer("READ", "buf", 16, size // 16, b.name, remote)
