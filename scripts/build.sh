@@ -8,6 +8,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc 2>/dev/null || echo 2)
 launcher=()
+# Hits across build directories (the pip install test's wheel build
+# compiles the same commands elsewhere): debug info keeps this tree's
+# paths, the hash does not include the directory.
+export CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
 if command -v ccache >/dev/null; then
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 fi

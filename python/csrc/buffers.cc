@@ -50,7 +50,7 @@ Held::Held(py::handle o, bool writable, absl::string_view call, absl::string_vie
     throw StatusError{absl::InvalidArgumentError(absl::StrCat(
         call, ": ", arg,
         ": expected a buffer (numpy array, bytearray, CPU tensor) or a DeviceSpan, got ",
-        std::string(py::str(o.get_type().attr("__name__")))))};
+        std::string(py::str(py::type::handle_of(o).attr("__name__")))))};
   }
   if (PyObject_GetBuffer(o.ptr(), &view_, PyBUF_STRIDES | (writable ? PyBUF_WRITABLE : 0)) != 0) {
     py::error_already_set e;  // fetches (and clears) the exporter's error

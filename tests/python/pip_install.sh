@@ -8,7 +8,7 @@
 # first use from the package's own source, headers and libcxlrt.so with
 # CXLRT_TORCH_JIT=1.
 #
-# Usage: pip_install.sh [WHEEL_BUILD_DIR]
+# Usage: pip_install.sh [WHEEL_BUILD_DIR [CXX CC]]
 # With WHEEL_BUILD_DIR (ctest passes build/python-wheel), scikit-build-core
 # builds in that directory and keeps it, so a rerun recompiles only what
 # changed: pip still configures the project, builds and installs the wheel
@@ -40,8 +40,24 @@ if [[ $# -ge 1 ]]; then
   settings+=(--config-settings=build-dir="$wheel_build")
 fi
 if command -v ccache >/dev/null; then
+  # The main build's flags (scripts/build.sh: RelWithDebInfo, -Werror)
+  # rather than the wheel's Release: every compile command of the wheel's
+  # libraries then repeats one of the main build's, and ccache serves it
+  # (CCACHE_NOHASHDIR: the two builds compile in different directories).
+  # On a fresh machine that is the difference between compiling the
+  # library twice and once. Everything else is what a user's pip does.
+  # The same compilers by the same paths, too (ccache hashes the path;
+  # pip's environment would pick x86_64-linux-gnu-g++): ctest passes the
+  # main build's.
+  export CCACHE_NOHASHDIR=1
+  if [[ $# -ge 3 ]]; then
+    settings+=(--config-settings=cmake.define.CMAKE_CXX_COMPILER="$2"
+               --config-settings=cmake.define.CMAKE_C_COMPILER="$3")
+  fi
   settings+=(--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache
-             --config-settings=cmake.define.CMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+             --config-settings=cmake.define.CMAKE_CUDA_COMPILER_LAUNCHER=ccache
+             --config-settings=cmake.build-type=RelWithDebInfo
+             --config-settings=cmake.define.CXLRT_WERROR=ON)
 fi
 /usr/bin/python3 -m venv --clear "$venv"
 start=$(date +%s)
