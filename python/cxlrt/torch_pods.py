@@ -205,6 +205,20 @@ class PodsBackend(C10D.Backend):
             raise RuntimeError(f"cxlrt: [Rank {self._rank}] {what} between pods "
                                f"({inter_pod_engine(device)}, {kind}): {e}") from e
 
+    def shutdown(self) -> None:  # torch's name: destroy_process_group calls it
+        """Shuts the engine's groups down while Python still runs. A Gloo
+        group's worker threads drop their finished work, and with it Python
+        tensors, after the caller's wait returned; left to the interpreter's
+        exit, a worker doing so once Python finalizes is ended by it mid
+        destructor, and the process aborts ("terminate called without an
+        active exception")."""
+        engines, self._engines = list(self._engines.values()), {}
+        for group, _ in engines:
+            try:
+                group.shutdown()
+            except Exception:  # already shut down, or broken: nothing to join
+                pass
+
     def _abort(self) -> None:
         """A tier failed: the group is broken (as a cxlrt communicator is
         after an error). Aborts the pod's communicators (the pod's other

@@ -223,6 +223,12 @@ class CxlrtBackend : public c10d::Backend {
   // once instead of at their deadline. Later calls fail.
   void abort() override;
 
+  // destroy_process_group: ends the worker threads while Python still runs
+  // (a worker drops finished jobs' tensors, Python objects; left to the
+  // interpreter's exit, one doing so as Python finalizes is ended mid
+  // destructor and the process aborts). Calls made after it fail.
+  void shutdown() override;
+
   // Collectives called so far (equal on every rank of a group that calls
   // the same collectives; torch's desync checks compare them).
   uint64_t getSequenceNumberForGroup() override { return seq_.load(); }

@@ -320,6 +320,10 @@ c10::intrusive_ptr<c10d::Work> CxlrtBackend::Enqueue(
     c10d::OpType type, std::vector<at::Tensor> outputs,
     std::function<absl::Status(void* stream)> run) {
   std::optional<c10::Stream> stream = StreamOf(outputs);
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (stop_) throw std::runtime_error("cxlrt: the process group was shut down");
+  }
   auto work = c10::make_intrusive<CxlrtWork>(rank_, type, std::move(outputs), stream);
   ++seq_;
   {

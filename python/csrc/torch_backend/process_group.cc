@@ -96,7 +96,7 @@ CxlrtBackend::CxlrtBackend(const c10::intrusive_ptr<c10d::Store>& store, int ran
   received_at_.resize(size);
 }
 
-CxlrtBackend::~CxlrtBackend() {
+void CxlrtBackend::shutdown() {
   {
     std::lock_guard<std::mutex> l(mu_);
     stop_ = true;
@@ -109,6 +109,10 @@ CxlrtBackend::~CxlrtBackend() {
   }
   p2p_cv_.notify_all();
   if (p2p_thread_.joinable()) p2p_thread_.join();
+}
+
+CxlrtBackend::~CxlrtBackend() {
+  shutdown();
   comm_.reset();  // Destroy: a barrier, then rank 0 waits until every rank has left
   p2p_.reset();
   host_.reset();

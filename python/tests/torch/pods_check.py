@@ -472,4 +472,10 @@ run_both("all_reduce coalesced", coalesced,
 dist.barrier()
 print(f"rank {rank}: pods {PODS}: {len(checked)} checks passed ({DEVICE}, {COHERENCE})",
       flush=True)
+backend = dist.group.WORLD._get_backend(torch.device(DEVICE))
 dist.destroy_process_group()
+# destroy_process_group shut the engine's groups down (their worker threads
+# joined while Python runs: one left to the interpreter's exit aborted the
+# process now and then).
+if hasattr(backend, "_engines"):
+    assert not backend._engines, f"rank {rank}: the engine's groups outlived destroy_process_group"
