@@ -54,31 +54,38 @@ int ServeMetrics(const std::string& uri, const std::string& address, int port, d
   // scrape answers at once with heartbeat ages measured all along.
   std::mutex mu;
   metrics::PoolMetricsReader reader(**pool);
-  std::string last_error;
+  // Whether the pool is still there: it reads, its header is what Open
+  // validated, and its URI still opens this pool (a pool destroyed, or made
+  // anew under its name, keeps this mapping alive but is gone: its hosts
+  // are not the ones under that name now). Called under `mu`.
+  auto still_there = [&]() -> absl::Status {
+    CXLRT_RETURN_IF_ERROR((*pool)->Check());
+    auto again = runtime::Pool::Open(uri);
+    if (!again.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat(uri, " no longer opens: ", again.status().message()));
+    }
+    if ((*again)->header().creation_id != (*pool)->header().creation_id) {
+      return absl::UnavailableError(
+          absl::StrCat(uri, " is now another pool (made anew after this one was destroyed)"));
+    }
+    return absl::OkStatus();
+  };
   auto server = metrics::MetricsHttpServer::Start(
       address, port,
       [&]() -> absl::StatusOr<std::string> {
         std::lock_guard<std::mutex> lock(mu);
+        // A gone pool's metrics are not served as if current: the scrape
+        // fails (Prometheus's `up` goes to 0) rather than report the old
+        // mapping's hosts under the name.
+        CXLRT_RETURN_IF_ERROR(still_there());
         auto m = reader.Read();
         if (!m.ok()) return m.status();
         return metrics::PoolPrometheusText(*m);
       },
       [&]() -> absl::Status {
         std::lock_guard<std::mutex> lock(mu);
-        // Healthy while the pool reads, its header is what Open validated,
-        // and its URI still opens this pool: a pool destroyed (or made
-        // anew under its name) keeps this mapping alive but is gone.
-        CXLRT_RETURN_IF_ERROR((*pool)->Check());
-        auto again = runtime::Pool::Open(uri);
-        if (!again.ok()) {
-          return absl::UnavailableError(
-              absl::StrCat(uri, " no longer opens: ", again.status().message()));
-        }
-        if ((*again)->header().creation_id != (*pool)->header().creation_id) {
-          return absl::UnavailableError(
-              absl::StrCat(uri, " is now another pool (made anew after this one was destroyed)"));
-        }
-        return absl::OkStatus();
+        return still_there();
       });
   if (!server.ok()) {
     std::fprintf(stderr, "cxlrt serve-metrics: %s\n",

@@ -123,6 +123,14 @@ def main():
             print(f"/health after the pool was destroyed: {e.code} {e.read().decode().strip()}")
             if e.code != 503:
                 bad.append("/health")
+        # Nor are the destroyed pool's metrics served as current: the scrape
+        # fails (Prometheus's up goes to 0).
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{eport}/metrics", timeout=5)
+            print("BAD /metrics answered ok after the pool was destroyed")
+            bad.append("/metrics")
+        except urllib.error.HTTPError as e:
+            print(f"/metrics after the pool was destroyed: {e.code} {e.read().decode().strip()}")
         return 1 if bad else 0
     finally:
         open(os.path.join(tmp, "done"), "w").close()
