@@ -209,9 +209,9 @@ absl::StatusOr<std::vector<Sample>> DecodeSamples(const std::string& blob) {
           }
           s.hist.buckets[idx] = v;
         }
-        // A writer counts an observation's bucket before its count
-        // (runtime::Histogram), so a consistent snapshot never has more
-        // in its buckets than its count.
+        // A writer's count is its buckets' sum (runtime::Histogram::Read
+        // takes it from the same loads), so a consistent snapshot never
+        // has more in its buckets than its count.
         uint64_t in_buckets = 0;
         for (uint64_t b : s.hist.buckets) in_buckets += b;
         if (in_buckets > s.hist.count) {

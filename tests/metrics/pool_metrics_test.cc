@@ -205,6 +205,73 @@ TEST_P(PoolMetricsTest, SnapshotsAreConsistentWhileAHostRepublishes) {
   EXPECT_GT(seen, 0);
 }
 
+// Review stress: a host that republishes as fast as it can while other
+// threads record into a histogram and the area moves to bigger blocks; a
+// reader that reads all along never reports a corrupt area or a blob that
+// does not decode (a busy record is the only problem it may meet).
+TEST_P(PoolMetricsTest, ALiveWriterNeverReadsAsCorrupt) {
+  const std::string uri = Uri();
+  auto h0 = ::cxlrt::testing::AttachTestHost(uri, Creating());
+  ASSERT_TRUE(h0.ok()) << h0.status();
+  const std::string s0 = absl::StrCat(h0->alloc->slot());
+  runtime::Histogram hist({"test.stress_ns", "ns", "recorded while publishing"}, {{"slot", s0}});
+  PublisherOptions po;
+  po.period = absl::ZeroDuration();
+  MetricsPublisher p(*h0->pool, *h0->membership, *h0->alloc, po);
+  ASSERT_TRUE(p.PublishNow().ok());
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> recorders;
+  for (int t = 0; t < 2; ++t) {
+    recorders.emplace_back([&, t] {
+      for (uint64_t v = t; !stop.load(std::memory_order_relaxed); v += 7) {
+        hist.Record(v % 5000, 1 + v % 3);
+      }
+    });
+  }
+  std::thread writer([&] {
+    std::vector<std::unique_ptr<runtime::Counter>> extra;
+    for (int i = 0; !stop.load(); ++i) {
+      if (i % 20 == 0 && extra.size() < 600) {
+        extra.push_back(std::make_unique<runtime::Counter>(
+            runtime::MetricInfo{"test.pad", "calls", "grows the area"},
+            runtime::Labels{{"slot", s0}, {"i", absl::StrCat(i)}}));
+      }
+      (void)p.PublishNow();
+    }
+  });
+  auto pool = runtime::Pool::Open(::cxlrt::testing::OpenUri(uri));
+  ASSERT_TRUE(pool.ok());
+  PoolMetricsReader reader(**pool);
+  int seen = 0, busy = 0;
+  std::vector<std::string> bad;
+  const absl::Time end = absl::Now() + absl::Milliseconds(1500);
+  while (absl::Now() < end) {
+    auto m = reader.Read();
+    ASSERT_TRUE(m.ok()) << m.status();
+    ASSERT_EQ(m->hosts.size(), 1u);
+    const HostMetrics& h = m->hosts[0];
+    if (h.published) {
+      ++seen;
+      const Sample* x = FindSample(m->samples, "test.stress_ns", {});
+      if (x != nullptr) {
+        uint64_t in = 0;
+        for (uint64_t b : x->hist.buckets) in += b;
+        EXPECT_EQ(in, x->hist.count);
+      }
+    } else if (absl::StrContains(h.problem, "stayed busy")) {
+      ++busy;
+    } else if (bad.size() < 5) {
+      bad.push_back(h.problem);
+    }
+  }
+  stop.store(true);
+  writer.join();
+  for (auto& t : recorders) t.join();
+  EXPECT_GT(seen, 0);
+  EXPECT_TRUE(bad.empty()) << bad.size() << " reads reported a problem, first: " << bad[0] << " ("
+                           << seen << " read, " << busy << " busy)";
+}
+
 TEST_P(PoolMetricsTest, ACorruptRecordIsReportedAndItsAreaNotRead) {
   const std::string uri = Uri();
   auto h0 = ::cxlrt::testing::AttachTestHost(uri, Creating());
