@@ -9,8 +9,11 @@ cd "$(dirname "$0")/.."
 jobs=$(nproc 2>/dev/null || echo 2)
 launcher=()
 # Hits across build directories (the pip install test's wheel build
-# compiles the same commands elsewhere): debug info keeps this tree's
-# paths, the hash does not include the directory.
+# compiles the same commands elsewhere): the hash leaves out the directory
+# a compile runs in. (With CCACHE_BASEDIR also set, paths become relative
+# to that directory, which differs between this tree's Makefiles and the
+# wheel's Ninja build, and the wheel misses; objects served from another
+# tree's compile keep that tree's directory in their debug info.)
 export CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
 if command -v ccache >/dev/null; then
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
