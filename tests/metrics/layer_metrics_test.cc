@@ -20,16 +20,11 @@
 namespace cxlrt {
 namespace {
 
+using ::cxlrt::testing::Creating;
 using ::cxlrt::testing::FindSample;
 using ::cxlrt::testing::PoolUri;
 using ::cxlrt::testing::TempDir;
 using runtime::Sample;
-
-::cxlrt::testing::TestHostOptions Creating() {
-  ::cxlrt::testing::TestHostOptions o;
-  o.create_pool = true;
-  return o;
-}
 
 uint64_t CounterOf(const std::string& name, const runtime::Labels& want) {
   const std::vector<Sample> all = runtime::CollectMetrics();

@@ -22,16 +22,11 @@
 namespace cxlrt::metrics {
 namespace {
 
+using ::cxlrt::testing::Creating;
 using ::cxlrt::testing::FindSample;
 using ::cxlrt::testing::PoolUri;
 using ::cxlrt::testing::TempDir;
 using runtime::Sample;
-
-::cxlrt::testing::TestHostOptions Creating() {
-  ::cxlrt::testing::TestHostOptions o;
-  o.create_pool = true;
-  return o;
-}
 
 TEST(EncodingTest, SamplesRoundTrip) {
   std::vector<Sample> in;

@@ -33,6 +33,13 @@ struct TestHostOptions {
   absl::Duration tick = absl::Milliseconds(1);  // the allocator's; zero: none
 };
 
+// Options that create the pool.
+inline TestHostOptions Creating() {
+  TestHostOptions o;
+  o.create_pool = true;
+  return o;
+}
+
 inline absl::StatusOr<TestHost> AttachTestHost(const std::string& uri,
                                                const TestHostOptions& o = {}) {
   TestHost h;
