@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Configures and builds cxlrt into build/ (programs in build/bin/).
-# Usage: scripts/build.sh [extra cmake -D options]
+# Usage: [CXLRT_BUILD_TARGETS="t1 t2"] scripts/build.sh [extra cmake -D options]
 # Compiles through ccache where it is installed (install-deps.sh installs
 # it), so a rebuild after a small change, or of a second tree of the same
 # sources, recompiles only what changed.
@@ -19,4 +19,8 @@ if command -v ccache >/dev/null; then
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 fi
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCXLRT_WERROR=ON "${launcher[@]}" "$@" >/dev/null
-cmake --build build -j"$jobs"
+# CXLRT_BUILD_TARGETS: only these targets (the demo builds the `cxlrt`
+# program alone, cxlrt_cli); default everything.
+targets=()
+for t in ${CXLRT_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
+cmake --build build -j"$jobs" "${targets[@]}"

@@ -81,20 +81,33 @@ TORCH_VERSION=2.15.0
 # CXLRT_VENV puts it elsewhere (a scratch venv, to check on a clean one what
 # this script installs is enough for the probes in tests/CMakeLists.txt).
 VENV="${CXLRT_VENV:-$(cd "$(dirname "$0")/.." && pwd)/.venv}"
+# pip, quiet. The frameworks go in without their dependencies (--no-deps,
+# below), so pip's resolver reports, at each later install, the pins they
+# declare and this venv does not meet (torch's version, GPU packages): some
+# hundred lines that are expected. They go to a log, shown only when pip
+# fails; the import probes at the end check what the tests need.
+PIP_LOG="$VENV/pip-install.log"
+pip_install() {
+  if ! "$VENV/bin/pip" install -q --disable-pip-version-check "$@" >>"$PIP_LOG" 2>&1; then
+    tail -n 30 "$PIP_LOG" >&2
+    echo "install-deps: pip install $* failed (the whole log: $PIP_LOG)" >&2
+    return 1
+  fi
+}
 if [[ ! -x "$VENV/bin/python" ]]; then
   /usr/bin/python3 -m venv --system-site-packages "$VENV"
 fi
 if [[ "$("$VENV/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" \
       != "$TORCH_VERSION" ]]; then
   echo "install-deps: installing torch $TORCH_VERSION into $VENV (PyPI)"
-  "$VENV/bin/pip" install -q --disable-pip-version-check "torch==$TORCH_VERSION"
+  pip_install "torch==$TORCH_VERSION"
 fi
 # What the frameworks' import chains below need and their --no-deps installs
 # leave out (a fresh venv has none of them): requests (SGLang's and
 # LMCache's utilities), urllib3 (vLLM's), pillow (SGLang's multimodal
 # utilities, imported by its storage modules).
 if ! "$VENV/bin/python" -c 'import requests, urllib3, PIL' 2>/dev/null; then
-  "$VENV/bin/pip" install -q --disable-pip-version-check requests urllib3 pillow
+  pip_install requests urllib3 pillow
 fi
 # SGLang, for the HiCache connector's tests through its own backend factory:
 # without its dependencies (its GPU kernels and model stack), plus the pure
@@ -103,7 +116,7 @@ SGLANG_VERSION=0.5.23
 if [[ "$("$VENV/bin/python" -c 'import sglang.version as v; print(v.__version__)' 2>/dev/null)" \
       != "$SGLANG_VERSION" ]]; then
   echo "install-deps: installing sglang $SGLANG_VERSION into $VENV (PyPI, without its dependencies)"
-  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps "sglang==$SGLANG_VERSION"
+  pip_install --no-deps "sglang==$SGLANG_VERSION"
 fi
 # LMCache, for its connector's tests through its native_plugin L2 adapter,
 # the same way (its CUDA kernels are not needed on CPU).
@@ -111,11 +124,11 @@ LMCACHE_VERSION=0.5.6
 if [[ "$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("lmcache"))' \
         2>/dev/null)" != "$LMCACHE_VERSION" ]]; then
   echo "install-deps: installing lmcache $LMCACHE_VERSION into $VENV (PyPI, without its dependencies)"
-  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps "lmcache==$LMCACHE_VERSION"
+  pip_install --no-deps "lmcache==$LMCACHE_VERSION"
 fi
 if ! "$VENV/bin/python" -c \
     'import lmcache.v1.distributed.l2_adapters.native_plugin_l2_adapter' 2>/dev/null; then
-  "$VENV/bin/pip" install -q --disable-pip-version-check numba sortedcontainers \
+  pip_install numba sortedcontainers \
     prometheus_client py-cpuinfo cachetools msgspec pyzmq
 fi
 # Its storage manager and L2 metric subscribers (lmcache_connector_test
@@ -123,11 +136,11 @@ fi
 # versions LMCache asks for.
 if ! "$VENV/bin/python" -c \
     'import lmcache.v1.distributed.storage_manager, opentelemetry.sdk.metrics' 2>/dev/null; then
-  "$VENV/bin/pip" install -q --disable-pip-version-check "opentelemetry-api>=1.20.0,<=1.40.0" \
+  pip_install "opentelemetry-api>=1.20.0,<=1.40.0" \
     "opentelemetry-sdk>=1.20.0,<=1.40.0"
 fi
 if ! "$VENV/bin/python" -c 'import sglang.srt.mem_cache.storage.backend_factory' 2>/dev/null; then
-  "$VENV/bin/pip" install -q --disable-pip-version-check orjson pybase64 starlette msgspec \
+  pip_install orjson pybase64 starlette msgspec \
     pydantic pyzmq tqdm ipython aiohttp
 fi
 # vLLM, for its KV connector's tests through its own v1 Scheduler and
@@ -139,11 +152,11 @@ VLLM_VERSION=0.33.0
 if [[ "$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm"))' \
         2>/dev/null)" != "$VLLM_VERSION" ]]; then
   echo "install-deps: installing vllm $VLLM_VERSION into $VENV (PyPI, without its dependencies)"
-  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps "vllm==$VLLM_VERSION"
+  pip_install --no-deps "vllm==$VLLM_VERSION"
 fi
 if ! "$VENV/bin/python" -c 'import vllm.v1.core.sched.scheduler, vllm.model_executor.models.llama' \
     2>/dev/null; then
-  "$VENV/bin/pip" install -q --disable-pip-version-check regex cbor2 "transformers==5.19.0" \
+  pip_install regex cbor2 "transformers==5.19.0" \
     openai-harmony openai cloudpickle uvloop "xgrammar==0.2.8" "fastapi>=0.133,<0.137" \
     partial-json-parser "llguidance>=1.7,<1.8" einops
 fi
@@ -155,7 +168,7 @@ NIXL_VERSION=1.5.1
 if [[ "$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("nixl-cu13"), m.version("nixl"))' \
         2>/dev/null)" != "$NIXL_VERSION $NIXL_VERSION" ]]; then
   echo "install-deps: installing nixl $NIXL_VERSION (nixl-cu13) into $VENV (PyPI, without its dependencies)"
-  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps "nixl==$NIXL_VERSION" \
+  pip_install --no-deps "nixl==$NIXL_VERSION" \
     "nixl-cu13==$NIXL_VERSION"
 fi
 # mypy, for its stubtest: python_stubs_test checks python/cxlrt/_cxlrt.pyi
@@ -164,7 +177,7 @@ MYPY_VERSION=2.4.1
 if [[ "$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("mypy"))' \
         2>/dev/null)" != "$MYPY_VERSION" ]]; then
   echo "install-deps: installing mypy $MYPY_VERSION into $VENV (PyPI)"
-  "$VENV/bin/pip" install -q --disable-pip-version-check "mypy==$MYPY_VERSION"
+  pip_install "mypy==$MYPY_VERSION"
 fi
 # Each import the tests need (tests/python/probes.txt, what tests/CMakeLists.txt
 # probes): one that fails here would make the tests that need it a configure

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import hashlib
 import importlib.util
 import os
 import sys
@@ -70,8 +71,12 @@ def wheel_plugin_dir() -> str:
 
 
 def default_dir() -> str:
+    """~/.cache/cxlrt/nixl-plugins/<key>: one folder per Python environment
+    and plugin, so that two checkouts (or venvs) never share one folder
+    whose links point into the other, nor lose theirs when it is deleted."""
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "cxlrt", "nixl-plugins")
+    key = hashlib.sha256(f"{sys.prefix}\0{plugin_path()}".encode()).hexdigest()[:12]
+    return os.path.join(cache, "cxlrt", "nixl-plugins", key)
 
 
 def _link(target: str, link: str) -> None:
@@ -84,7 +89,7 @@ def _link(target: str, link: str) -> None:
 
 def plugin_dir(path: Optional[str] = None) -> str:
     """Makes (or refreshes) a plugin folder for NIXL_PLUGIN_DIR under ``path``
-    (default: ~/.cache/cxlrt/nixl-plugins) and returns its absolute path: a
+    (default: ~/.cache/cxlrt/nixl-plugins/<key>, default_dir) and returns its absolute path: a
     link to the CXLRT plugin and one to each plugin of the NIXL wheel.
 
     The wheel's plugins find their libraries through RPATHs relative to
@@ -126,7 +131,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plugin-dir", help="make a NIXL_PLUGIN_DIR folder and print its path")
     p.add_argument("--dir", default=None, help="the folder (default: %(default)s -> "
-                   "~/.cache/cxlrt/nixl-plugins)")
+                   "~/.cache/cxlrt/nixl-plugins/<key of this Python environment and plugin>)")
     sub.add_parser("plugin", help="print the path of libplugin_CXLRT.so")
     args = parser.parse_args(argv)
     try:

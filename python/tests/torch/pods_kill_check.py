@@ -9,6 +9,7 @@ deadline, which fails the case).
 Usage: pods_kill_check.py MASTER_PORT"""
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -69,6 +70,7 @@ for case, (layout, victim) in enumerate(CASES):
             cxlrt.Pool.destroy(f"emu://torchpods-kill{port}-{pod}", force=True)
         except cxlrt.Error:
             pass
+    shutil.rmtree(out, ignore_errors=True)
     want = {r: (3 if r == victim else 0) for r in range(n)}
     got = dict(enumerate(codes))
     line = (f"pods {layout}, rank {victim} killed: exit codes {got}, errors after "
