@@ -14,8 +14,9 @@
 //             within the margin (the engine's abort notice); then all three
 //             pass a Barrier on a second world engine, which heard nothing.
 // Each rank writes one line, "PASS ..." or "FAIL ...", to
-// $CXLRT_FAULT_OUT/rank.N, and exits (0) at once after, without waiting for
-// the dead or absent rank.
+// $CXLRT_FAULT_OUT/rank.N, waits until the other reporting ranks have
+// written theirs, and exits without MPI_Finalize (it would wait for the dead
+// or absent rank).
 #include <signal.h>
 #include <unistd.h>
 
@@ -44,6 +45,21 @@ void Report(int rank, bool pass, const std::string& what) {
   const std::string line = absl::StrCat(pass ? "PASS " : "FAIL ", what, "\n");
   std::fprintf(stderr, "rank %d: %s", rank, line.c_str());
   if (dir) std::ofstream(absl::StrCat(dir, "/rank.", rank)) << line;
+}
+
+// mpirun ends the whole job once a rank exits without MPI_Finalize (as
+// these do, below), killing any rank still writing its report: so each
+// waits, 10 s at most, until every rank of `reporters` has reported.
+void AwaitReports(const std::vector<int>& reporters) {
+  const char* dir = std::getenv("CXLRT_FAULT_OUT");
+  if (dir == nullptr) return;
+  const absl::Time end = absl::Now() + absl::Seconds(10);
+  for (int r : reporters) {
+    const std::string path = absl::StrCat(dir, "/rank.", r);
+    while (access(path.c_str(), F_OK) != 0 && absl::Now() < end) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
 }
 
 // Checks that `s` is an error of one of `codes`, seen within the deadline
@@ -169,6 +185,10 @@ int main(int argc, char** argv) {
     w->reset();  // flushes rank 0's notices before the exit below
   }
   if (rc == 2) std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
+  // The ranks that report in each mode (tests/pods/run_fault.sh).
+  if (mode == "deadline") AwaitReports({0, 1});
+  if (mode == "kill") AwaitReports({0, 2});
+  if (mode == "notice") AwaitReports({0, 1, 2});
   std::fflush(nullptr);
   // No MPI_Finalize: a member is dead or absent, and it would wait for it.
   _exit(rc);
