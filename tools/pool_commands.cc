@@ -340,7 +340,9 @@ int PoolAttach(const std::string& uri, int slot, double seconds, int interval_ms
         absl::StrAppend(&line, " pid ", v.record.pid, " heartbeat ", beat, " (+", moved, ")");
       }
     }
-    if (others == 0) absl::StrAppend(&line, " no other host yet");
+    if (others == 0) {
+      absl::StrAppend(&line, last_beat.empty() ? " no other host yet" : " no other host now");
+    }
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);
   }

@@ -124,6 +124,28 @@ TEST(CliTest, TwoAttachedHostsShowInInfo) {
   }
 }
 
+// A host that saw another one leave says "now", not "yet".
+TEST(CliTest, AttachSaysWhenTheOtherHostHasLeft) {
+  TempDir dir;
+  const std::string create = PoolUri(dir, "", "16M");
+  ASSERT_EQ(Cxlrt("pool create " + Quote(create)).code, 0);
+  const std::string uri = OpenUri(create);
+  const std::string cmd = std::string(CXLRT_BIN) + " pool attach " + Quote(uri);
+  FILE* a = popen((cmd + " --seconds 5 --interval-ms 100").c_str(), "r");
+  absl::SleepFor(absl::Milliseconds(300));
+  ASSERT_EQ(Cxlrt("pool attach " + Quote(uri) + " --seconds 1 --interval-ms 100").code, 0);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), a)) > 0) out.append(buf, n);
+  EXPECT_EQ(pclose(a), 0) << out;
+  const size_t saw = out.find("alive pid"), gone = out.find("no other host now");
+  EXPECT_NE(saw, std::string::npos) << out;
+  EXPECT_NE(gone, std::string::npos) << out;
+  EXPECT_LT(saw, gone) << out;
+  EXPECT_EQ(out.find("no other host yet", saw), std::string::npos) << out;
+}
+
 TEST(CliTest, DoctorSaysWhatThisMachineHas) {
   Result r = Cxlrt("doctor");
   ASSERT_EQ(r.code, 0) << r.out;
