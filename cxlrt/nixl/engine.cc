@@ -311,9 +311,9 @@ absl::Status Engine::LoadPeer(const std::string& agent, const std::string& info)
                                                    "' is agent '", std::string(w.name, w.name_len),
                                                    "''s"));
   }
-  if (w.region > host_->pool().size() - sizeof(RegionLayout)) {
+  if (!InHeap(w.region, sizeof(RegionLayout))) {
     return absl::InvalidArgumentError(absl::StrCat("connection info of NIXL agent '", agent,
-                                                   "' names a region outside the pool"));
+                                                   "' names a region outside the pool's heap"));
   }
   auto p = std::make_shared<Peer>();
   p->name = agent;
@@ -389,8 +389,13 @@ absl::StatusOr<PoolOffset> Engine::MakeChannel(uint64_t peer_engine_id,
   return c;
 }
 
+bool Engine::InHeap(PoolOffset off, uint64_t len) const {
+  const uint64_t size = host_->pool().size();
+  return off >= host_->pool().header().heap_offset && off <= size && len <= size - off;
+}
+
 bool Engine::ReadRegionHeader(PoolOffset region, RegionHeaderLayout* h) {
-  if (region > host_->pool().size() - sizeof(RegionLayout)) return false;
+  if (!InHeap(region, sizeof(RegionLayout))) return false;
   if (coh().LoadFlag(region + offsetof(RegionLayout, header.magic)) != kRegionMagic) return false;
   coh().Fetch(h, region, sizeof(*h));
   if (h->name_len > kMaxName) return false;
@@ -398,14 +403,13 @@ bool Engine::ReadRegionHeader(PoolOffset region, RegionHeaderLayout* h) {
 }
 
 PoolOffset Engine::FindChannelToMe(PoolOffset region, uint64_t* seen) {
-  const uint64_t size = host_->pool().size();
-  if (region > size - sizeof(RegionLayout)) return 0;
+  if (!InHeap(region, sizeof(RegionLayout))) return 0;
   const uint64_t count =
       std::min<uint64_t>(coh().LoadFlag(region + offsetof(RegionLayout, count)), kMaxChannels);
   for (; *seen < count; ++*seen) {
     PoolOffset c = 0;
     coh().Fetch(&c, region + offsetof(RegionLayout, offsets) + 8 * *seen, 8);
-    if (c > size || kChannelBytes > size - c) continue;
+    if (!InHeap(c, kChannelBytes)) continue;
     ChannelHeaderLayout h;
     coh().Fetch(&h, c, sizeof(h));
     if (h.magic == kChannelMagic && h.peer_engine_id == engine_id_) {

@@ -145,6 +145,10 @@ class Engine {
   PoolOffset PoolOffsetOf(uintptr_t addr, uint64_t len) const;
   absl::StatusOr<PoolOffset> MakeChannel(uint64_t peer_engine_id, const std::string& peer_name);
   void FreeStaleRegions();
+  // [off, off + len) lies in the pool's heap: the only part a peer's
+  // offset (its metadata, a request in its ring) may name, never the pool's
+  // header, host table or directory.
+  bool InHeap(PoolOffset off, uint64_t len) const;
   // Reads the region of the engine at `region`: its header (false when not
   // yet published or closed).
   bool ReadRegionHeader(PoolOffset region, RegionHeaderLayout* h);

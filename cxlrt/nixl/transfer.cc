@@ -113,10 +113,8 @@ absl::StatusOr<Xfer*> Engine::Prepare(nixl_xfer_op_t op, const nixl_meta_dlist_t
       p.remote_local = reinterpret_cast<uint8_t*>(r.addr);
     } else if (rm->reg.pool_off != kNoOffset) {
       p.remote_pool = rm->reg.pool_off + (r.addr - rm->reg.addr);
-      // The offset comes from the peer's metadata: only the heap may be
-      // read or written, never the pool's header, host table or directory.
-      if (p.remote_pool < host_->pool().header().heap_offset ||
-          p.remote_pool > host_->pool().size() || p.len > host_->pool().size() - p.remote_pool) {
+      // The offset comes from the peer's metadata.
+      if (!InHeap(p.remote_pool, p.len)) {
         return absl::InvalidArgumentError(
             absl::StrCat("descriptor ", i, " lies outside the pool's heap"));
       }
@@ -450,13 +448,12 @@ bool Engine::Serve(Incoming& in, uint64_t* budget) {
   if (sender.failed != NIXL_SUCCESS || sender.out == 0) return false;
   const uint64_t posted = coh().LoadFlag(in.chan + kChanPosted);
   if (posted <= in.processed) return false;
-  const uint64_t size = host_->pool().size();
-  while (in.processed<posted&& * budget> 0) {
+  while ((in.processed < posted) && (*budget > 0)) {
     const uint64_t seq = in.processed;
     RequestLayout req;
     coh().Fetch(&req, in.chan + kChanRing + (seq % kRing) * sizeof(RequestLayout), sizeof(req));
     nixl_status_t st = NIXL_SUCCESS;
-    const bool data_ok = req.data_off <= size && req.len <= size - req.data_off;
+    const bool data_ok = InHeap(req.data_off, req.len);
     if (req.seq != seq + 1) {
       st = NIXL_ERR_BACKEND;
     } else if (req.op == kOpWrite || req.op == kOpRead) {
@@ -477,8 +474,7 @@ bool Engine::Serve(Incoming& in, uint64_t* budget) {
     } else if (req.op == kOpNotif && req.msg_len <= kInlineMsg) {
       std::lock_guard<std::mutex> l(notif_mu_);
       notifs_.emplace_back(sender.name, std::string(req.msg, req.msg_len));
-    } else if (req.op == kOpNotif && req.msg_len <= kChunk && req.data_off <= size &&
-               req.msg_len <= size - req.data_off) {
+    } else if (req.op == kOpNotif && req.msg_len <= kChunk && InHeap(req.data_off, req.msg_len)) {
       std::string msg(req.msg_len, '\0');
       coh().CopyFromPool(msg.data(), req.data_off, req.msg_len);
       std::lock_guard<std::mutex> l(notif_mu_);

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -160,6 +161,28 @@ def test_tenants_on_one_pool_see_only_their_own(agents):
     # An agent without the other tenant's metadata cannot name its agent.
     with pytest.raises(RuntimeError, match="nixl|NIXL|not"):
         a1.xfer("READ", "buf", 4, 256 << 10, b2.name, b2.descs("buf", 4, 256 << 10))
+
+def test_metadata_naming_the_pools_header_is_refused(agents, env):
+    """A peer's metadata (forged or corrupt) whose pool offset names the pool's
+    header: the transfer is refused and the header is untouched."""
+    a, b = agents("a", 0), agents("b", 1)
+    size = 64 << 10
+    a.alloc("buf", size, False, 5)
+    b.alloc("buf", size, True, None)
+    connect(a, b)
+    md = b.metadata()
+    magic = struct.pack("<Q", 0x3147455254584C43)  # RegWire.magic ("CLXTREG1")
+    at = md.find(magic)
+    assert at >= 0, "no CXLRT registration in b's metadata"
+    pool_off = at + 48  # RegWire.pool_off
+    assert struct.unpack_from("<Q", md, pool_off)[0] > 0, "b's buffer is not in the pool"
+    forged = md[:pool_off] + struct.pack("<Q", 0) + md[pool_off + 8:]
+    assert a.add_remote(forged, b.name) == b.name
+    with pytest.raises(RuntimeError):
+        state, _ = a.xfer("WRITE", "buf", 1, size, b.name, b.descs("buf", 1, size))
+        assert state != "DONE"
+        raise RuntimeError(state)
+    cxlrt.Pool.open(env["CXLRT_POOL"])  # its header validates: nothing was written over it
 
 def test_cancel_then_transfer_again(agents):
     a, b = agents("a", 0), agents("b", 1)
