@@ -88,6 +88,12 @@ TEST(EncodingTest, EveryTruncationAndABadCountAreDataLoss) {
 class PoolMetricsTest : public ::testing::TestWithParam<const char*> {
  protected:
   std::string Uri() { return PoolUri(dir_, absl::StrCat("coherence=", GetParam()), "64M"); }
+  // A publisher without its thread: it publishes when PublishNow is called.
+  static PublisherOptions PublishNowOnly() {
+    PublisherOptions o;
+    o.period = absl::ZeroDuration();
+    return o;
+  }
   TempDir dir_;
 };
 
@@ -104,10 +110,8 @@ TEST_P(PoolMetricsTest, AReaderSeesEveryHostsPublishedMetricsLabelledWithItsSlot
                       {{"slot", absl::StrCat(h1->alloc->slot())}});
   c0.Add(3);
   c1.Add(11);
-  PublisherOptions po;
-  po.period = absl::ZeroDuration();  // PublishNow only
-  MetricsPublisher p0(*h0->pool, *h0->membership, *h0->alloc, po);
-  MetricsPublisher p1(*h1->pool, *h1->membership, *h1->alloc, po);
+  MetricsPublisher p0(*h0->pool, *h0->membership, *h0->alloc, PublishNowOnly());
+  MetricsPublisher p1(*h1->pool, *h1->membership, *h1->alloc, PublishNowOnly());
   ASSERT_TRUE(p0.PublishNow().ok());
   ASSERT_TRUE(p1.PublishNow().ok());
 
@@ -162,9 +166,7 @@ TEST_P(PoolMetricsTest, SnapshotsAreConsistentWhileAHostRepublishes) {
   // (so the area's size changes and it moves to a bigger block).
   runtime::Counter a({"test.pair_a", "calls", "a"}, {{"slot", s0}});
   runtime::Counter b({"test.pair_b", "calls", "b"}, {{"slot", s0}});
-  PublisherOptions po;
-  po.period = absl::ZeroDuration();
-  MetricsPublisher p(*h0->pool, *h0->membership, *h0->alloc, po);
+  MetricsPublisher p(*h0->pool, *h0->membership, *h0->alloc, PublishNowOnly());
   ASSERT_TRUE(p.PublishNow().ok());
   std::atomic<bool> stop{false};
   std::thread writer([&] {
@@ -210,9 +212,7 @@ TEST_P(PoolMetricsTest, ALiveWriterNeverReadsAsCorrupt) {
   ASSERT_TRUE(h0.ok()) << h0.status();
   const std::string s0 = absl::StrCat(h0->alloc->slot());
   runtime::Histogram hist({"test.stress_ns", "ns", "recorded while publishing"}, {{"slot", s0}});
-  PublisherOptions po;
-  po.period = absl::ZeroDuration();
-  MetricsPublisher p(*h0->pool, *h0->membership, *h0->alloc, po);
+  MetricsPublisher p(*h0->pool, *h0->membership, *h0->alloc, PublishNowOnly());
   ASSERT_TRUE(p.PublishNow().ok());
   std::atomic<bool> stop{false};
   std::vector<std::thread> recorders;
@@ -271,9 +271,7 @@ TEST_P(PoolMetricsTest, ACorruptRecordIsReportedAndItsAreaNotRead) {
   const std::string uri = Uri();
   auto h0 = ::cxlrt::testing::AttachTestHost(uri, Creating());
   ASSERT_TRUE(h0.ok()) << h0.status();
-  PublisherOptions po;
-  po.period = absl::ZeroDuration();
-  MetricsPublisher p(*h0->pool, *h0->membership, *h0->alloc, po);
+  MetricsPublisher p(*h0->pool, *h0->membership, *h0->alloc, PublishNowOnly());
   ASSERT_TRUE(p.PublishNow().ok());
   auto block = h0->alloc->Find(kMetricsBlockName);
   ASSERT_TRUE(block.ok());
