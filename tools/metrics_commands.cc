@@ -16,6 +16,7 @@
 #include "cxlrt/metrics/pool_metrics.h"
 #include "cxlrt/runtime/pool.h"
 #include "cxlrt/runtime/status_macros.h"
+#include "cxlrt/runtime/uri.h"
 #include "tools/commands.h"
 
 namespace cxlrt::tools {
@@ -54,13 +55,23 @@ int ServeMetrics(const std::string& uri, const std::string& address, int port, d
   // scrape answers at once with heartbeat ages measured all along.
   std::mutex mu;
   metrics::PoolMetricsReader reader(**pool);
+  // The URI `still_there` opens at every scrape: without prefaulting (its
+  // page tables would be mapped for the whole pool each time) or a model.
+  std::string probe_uri = uri;
+  if (auto parsed = runtime::ParsePoolUri(uri); parsed.ok()) {
+    parsed->prefault = false;
+    parsed->model.reset();
+    parsed->latency_ns.reset();
+    parsed->bw_gbps.reset();
+    probe_uri = parsed->ToString();
+  }
   // Whether the pool is still there: it reads, its header is what Open
   // validated, and its URI still opens this pool (a pool destroyed, or made
   // anew under its name, keeps this mapping alive but is gone: its hosts
   // are not the ones under that name now). Called under `mu`.
   auto still_there = [&]() -> absl::Status {
     CXLRT_RETURN_IF_ERROR((*pool)->Check());
-    auto again = runtime::Pool::Open(uri);
+    auto again = runtime::Pool::Open(probe_uri);
     if (!again.ok()) {
       return absl::UnavailableError(
           absl::StrCat(uri, " no longer opens: ", again.status().message()));
